@@ -1,0 +1,395 @@
+//! The [`Accelerator`]: precision, accumulation, clipping and stepping around a plain loop.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use afterburner_precision::grads::{self, GradSummary};
+use afterburner_precision::{
+    CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
+};
+use burn::module::{AutodiffModule, Module};
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::data::{Batcher, DataLoader, DataProgress};
+use crate::rng::derive_seed;
+use crate::{AccelerateError, AcceleratorConfig};
+
+/// Domain tag for the per-step backend seeds.
+const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
+
+/// Progress counters, saved with the training state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Optimizer steps taken.
+    pub optimizer_steps: u64,
+    /// Steps skipped because the fp16 gradients overflowed.
+    pub skipped_steps: u64,
+    /// Micro-batches passed through `backward`.
+    pub micro_batches: u64,
+}
+
+/// What the last call to [`Accelerator::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StepOutcome {
+    /// No step call yet.
+    Idle,
+    /// Gradients were kept for the next micro-batch of the cycle; nothing changed.
+    Accumulating,
+    /// The optimizer stepped.
+    Stepped {
+        /// Learning rate used.
+        lr: f64,
+        /// Global gradient norm before clipping, when it was computed (clipping or fp16).
+        grad_norm: Option<f64>,
+    },
+    /// fp16 gradients held inf/NaN: parameters, optimizer and LR scheduler untouched.
+    SkippedOverflow {
+        /// The loss scale after backing off.
+        loss_scale: f64,
+    },
+}
+
+/// Trains a Burn model with mixed precision, gradient accumulation and global-norm clipping,
+/// on one device, from an ordinary loop:
+///
+/// ```ignore
+/// let mut acc = Accelerator::<B>::new(config, device)?;
+/// let (mut model, mut optim) = acc.setup(model, optim);
+/// for batch in acc.dataloader(items, batcher, 64)?.epoch(epoch) {
+///     let logits = acc.forward(&model, batch.images, |m, x| m.forward(x));
+///     let loss = CrossEntropyLossConfig::new().init(&device).forward(logits, batch.labels);
+///     acc.backward(loss, &model)?;
+///     model = acc.step(model, &mut optim, &mut lr)?;
+/// }
+/// ```
+pub struct Accelerator<B: AutodiffBackend> {
+    pub(crate) config: AcceleratorConfig,
+    pub(crate) device: B::Device,
+    pub(crate) scaler: Option<GradScaler>,
+    pub(crate) counters: Counters,
+    pub(crate) progress: Arc<Mutex<DataProgress>>,
+    pending: Option<GradientsParams>,
+    micro_in_cycle: usize,
+    /// Set once the pending gradients are unscaled (and their norm known).
+    unscaled: Option<GradSummary>,
+    clipped: bool,
+    last: StepOutcome,
+}
+
+impl<B: AutodiffBackend> Accelerator<B> {
+    /// Checks the config and the backend's dtype support, and seeds the backend RNG with
+    /// `config.seed` (so a model built next is reproducible).
+    pub fn new(config: AcceleratorConfig, device: B::Device) -> Result<Self, AccelerateError> {
+        config.validate()?;
+        config.precision.check_backend::<B>(&device)?;
+        let scaler = if config.precision.needs_loss_scaling() {
+            Some(GradScaler::new(config.grad_scaler)?)
+        } else {
+            None
+        };
+        B::seed(&device, config.seed);
+        tracing::info!(precision = %config.precision, backend = B::name(&device), "accelerator ready");
+        Ok(Self {
+            config,
+            device,
+            scaler,
+            counters: Counters::default(),
+            progress: Arc::default(),
+            pending: None,
+            micro_in_cycle: 0,
+            unscaled: None,
+            clipped: false,
+            last: StepOutcome::Idle,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AcceleratorConfig {
+        &self.config
+    }
+
+    /// The training device.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// The precision policy.
+    pub fn precision(&self) -> Precision {
+        self.config.precision
+    }
+
+    /// Moves the model to the device, initialises every lazy parameter, and for the `*-true`
+    /// modes casts it to the half dtype. The optimizer is returned as is: Burn optimizers
+    /// create their state from the gradients, so it follows the parameters' dtype (f32 master
+    /// state for the mixed modes).
+    pub fn setup<M: AutodiffModule<B>, O>(&self, model: M, optimizer: O) -> (M, O) {
+        (self.setup_model(model), optimizer)
+    }
+
+    /// The model half of [`setup`](Self::setup).
+    pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> M {
+        self.to_param_dtype(model.fork(&self.device))
+    }
+
+    /// Initialises lazy parameters and casts them to the policy's parameter dtype.
+    pub(crate) fn to_param_dtype<M: AutodiffModule<B>>(&self, model: M) -> M {
+        materialize_params(&model);
+        match self.config.precision.param_dtype() {
+            DType::F32 => model,
+            half => cast_module(model, half),
+        }
+    }
+
+    /// A training loader on this device, shuffled from the config's seed. The Accelerator
+    /// follows its progress: accumulation flushes at the end of each epoch and the position
+    /// is saved with [`save_state`](Self::save_state). Use [`DataLoader::new`] for eval data.
+    pub fn dataloader<I: Clone, Bt: Batcher<B, I>>(
+        &self,
+        items: Vec<I>,
+        batcher: Bt,
+        batch_size: usize,
+    ) -> Result<DataLoader<B, I, Bt>, AccelerateError> {
+        Ok(DataLoader::with_progress(
+            items,
+            batcher,
+            batch_size,
+            self.device.clone(),
+            self.progress.clone(),
+        )?
+        .shuffle(self.config.seed))
+    }
+
+    /// Runs `forward(model, input)` under the precision policy: inputs' float tensors are cast
+    /// to the compute dtype, a fresh half view of the model is used in the mixed modes, and the
+    /// output's float tensors come back in f32 so the loss is computed in f32.
+    pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> O
+    where
+        M: Module<B>,
+        I: CastFloats,
+        O: CastFloats,
+        F: FnOnce(&M, I) -> O,
+    {
+        let precision = self.config.precision;
+        let compute = precision.compute_dtype();
+        let input = input.cast_floats(compute);
+        let output = if precision.is_mixed() {
+            forward(&autocast_view(model, compute), input)
+        } else {
+            forward(model, input)
+        };
+        output.cast_floats(DType::F32)
+    }
+
+    /// Back-propagates one micro-batch's loss and adds its gradients to the pending ones,
+    /// scaled by `1 / gradient_accumulation_steps` (the mean over the cycle) and, for fp16, by
+    /// the loss scale. `model` is the model returned by [`setup`](Self::setup).
+    pub fn backward<M: AutodiffModule<B>>(
+        &mut self,
+        loss: Tensor<B, 1>,
+        model: &M,
+    ) -> Result<(), AccelerateError> {
+        if self.unscaled.is_some() {
+            return Err(AccelerateError::Usage(
+                "backward() after clip_grad_norm() in the same cycle: call step() first".into(),
+            ));
+        }
+        let mut loss = loss.cast(DType::F32);
+        if let Some(scaler) = &self.scaler {
+            loss = scaler.scale_loss(loss);
+        }
+        let steps = self.config.gradient_accumulation_steps;
+        if steps > 1 {
+            loss = loss.div_scalar(steps as f64);
+        }
+        let new = GradientsParams::from_grads(loss.backward(), model);
+        if new.is_empty() {
+            return Err(AccelerateError::Usage(
+                "backward(): no gradient reached the model's parameters; compute the loss with \
+                 acc.forward(&model, ..) on the model returned by setup()"
+                    .into(),
+            ));
+        }
+        match &mut self.pending {
+            Some(sum) => grads::accumulate::<B, M>(model, sum, new),
+            None => self.pending = Some(new),
+        }
+        self.micro_in_cycle += 1;
+        self.counters.micro_batches += 1;
+        Ok(())
+    }
+
+    /// True when the next [`step`](Self::step) will update the parameters: the cycle holds
+    /// `gradient_accumulation_steps` micro-batches, or the training loader's epoch just ended.
+    pub fn sync_gradients(&self) -> bool {
+        let end_of_epoch = self
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .end_of_epoch();
+        self.micro_in_cycle >= self.config.gradient_accumulation_steps
+            || (self.micro_in_cycle > 0 && end_of_epoch)
+    }
+
+    /// Unscales the pending gradients (once per cycle) and returns their summary when a norm
+    /// was needed. The accumulation mean is corrected for a cycle cut short by an epoch end.
+    fn unscale_pending<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        want_norm: bool,
+    ) -> Option<GradSummary> {
+        if self.unscaled.is_some() {
+            return self.unscaled;
+        }
+        let grads = self.pending.as_mut()?;
+        let short_cycle =
+            self.config.gradient_accumulation_steps as f64 / self.micro_in_cycle as f64;
+        let summary = match &self.scaler {
+            Some(scaler) => scaler.unscale::<B, M>(model, grads, short_cycle),
+            None if want_norm => grads::scale_and_norm::<B, M>(model, grads, short_cycle),
+            None => {
+                if short_cycle != 1.0 {
+                    grads::scale::<B, M>(model, grads, short_cycle);
+                }
+                return None;
+            }
+        };
+        self.unscaled = Some(summary);
+        Some(summary)
+    }
+
+    /// Clips the pending gradients to a global L2 norm of `max_norm` (after unscaling) and
+    /// returns the norm before clipping, like `accelerator.clip_grad_norm_`. Call it when
+    /// [`sync_gradients`](Self::sync_gradients) is true, between `backward` and `step`;
+    /// `max_grad_norm` in the config does the same inside `step`.
+    pub fn clip_grad_norm<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        max_norm: f64,
+    ) -> Result<f64, AccelerateError> {
+        if !(max_norm.is_finite() && max_norm > 0.0) {
+            return Err(AccelerateError::invalid(
+                "max_norm",
+                max_norm,
+                "a finite number > 0",
+            ));
+        }
+        let Some(summary) = self.unscale_pending(model, true) else {
+            return Err(AccelerateError::Usage(
+                "clip_grad_norm() called with no pending gradients: call backward() first".into(),
+            ));
+        };
+        if summary.is_finite()
+            && let Some(grads) = self.pending.as_mut()
+        {
+            grads::clip_to_norm::<B, M>(model, grads, summary.norm(), max_norm);
+            self.clipped = true;
+        }
+        Ok(summary.norm())
+    }
+
+    /// Ends a micro-batch: when [`sync_gradients`](Self::sync_gradients) is true, unscales,
+    /// checks for overflow (fp16: skip the optimizer AND the LR scheduler, back off the scale),
+    /// clips to `max_grad_norm`, steps the scheduler and the optimizer; otherwise keeps
+    /// accumulating and returns the model unchanged.
+    pub fn step<M, O, S>(
+        &mut self,
+        model: M,
+        optimizer: &mut O,
+        scheduler: &mut S,
+    ) -> Result<M, AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
+        if self.pending.is_none() {
+            return Err(AccelerateError::Usage(
+                "step() called with no pending gradients: call backward() first".into(),
+            ));
+        }
+        if !self.sync_gradients() {
+            self.last = StepOutcome::Accumulating;
+            return Ok(model);
+        }
+        let want_norm = self.config.max_grad_norm.is_some();
+        let summary = self.unscale_pending(&model, want_norm);
+        let mut grads = self.pending.take().unwrap_or_default();
+        if let (Some(scaler), Some(s)) = (&mut self.scaler, summary)
+            && !s.is_finite()
+        {
+            scaler.update(true);
+            self.counters.skipped_steps += 1;
+            self.last = StepOutcome::SkippedOverflow {
+                loss_scale: scaler.scale(),
+            };
+            self.end_cycle();
+            return Ok(model);
+        }
+        if let (Some(max), Some(s), false) = (self.config.max_grad_norm, summary, self.clipped) {
+            grads::clip_to_norm::<B, M>(&model, &mut grads, s.norm(), max);
+        }
+        if summary.is_some_and(|s| !s.is_finite()) {
+            tracing::warn!("non-finite gradients without loss scaling; stepping anyway");
+        }
+        let lr = scheduler.step();
+        let model = optimizer.step(lr, model, grads);
+        if let Some(scaler) = &mut self.scaler {
+            scaler.update(false);
+        }
+        self.counters.optimizer_steps += 1;
+        self.last = StepOutcome::Stepped {
+            lr,
+            grad_norm: summary.map(|s| s.norm()),
+        };
+        self.end_cycle();
+        Ok(model)
+    }
+
+    /// Clears the cycle and re-seeds the backend RNG for the next one, from (seed, cycle).
+    fn end_cycle(&mut self) {
+        self.pending = None;
+        self.unscaled = None;
+        self.clipped = false;
+        self.micro_in_cycle = 0;
+        self.reseed();
+    }
+
+    pub(crate) fn reseed(&self) {
+        let cycle = self.counters.optimizer_steps + self.counters.skipped_steps;
+        B::seed(
+            &self.device,
+            derive_seed(self.config.seed, BACKEND_SEED_DOMAIN, cycle),
+        );
+    }
+
+    /// Micro-batches waiting in the current accumulation cycle.
+    pub fn pending_micro_batches(&self) -> usize {
+        self.micro_in_cycle
+    }
+
+    /// Progress counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// What the last [`step`](Self::step) did.
+    pub fn last_step(&self) -> StepOutcome {
+        self.last
+    }
+
+    /// The current fp16 loss scale (`None` unless the precision is "16-mixed").
+    pub fn loss_scale(&self) -> Option<f64> {
+        self.scaler.as_ref().map(GradScaler::scale)
+    }
+
+    /// `(epoch, batch)` where the training loader should continue (after a resume too).
+    pub fn data_position(&self) -> (usize, usize) {
+        self.progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .resume_position()
+    }
+}

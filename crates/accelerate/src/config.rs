@@ -1,0 +1,97 @@
+//! The Accelerator's settings, as data (serde) with documented defaults.
+
+use afterburner_precision::{GradScalerConfig, Precision};
+use serde::{Deserialize, Serialize};
+
+use crate::AccelerateError;
+
+/// How the [`Accelerator`](crate::Accelerator) trains. Loadable from TOML/JSON; missing fields
+/// take the defaults below (Lightning's / Accelerate's where they have one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AcceleratorConfig {
+    /// Precision policy: "32-true" (default), "bf16-mixed", "16-mixed", "bf16-true", "16-true".
+    pub precision: Precision,
+    /// Micro-batches per optimizer step; the update uses their mean gradient. Default 1.
+    pub gradient_accumulation_steps: usize,
+    /// Clip the global gradient norm to this value before each step (after unscaling).
+    /// Default: no clipping.
+    pub max_grad_norm: Option<f64>,
+    /// Seed for the backend RNG (re-derived every optimizer step) and data shuffling.
+    /// Default 42.
+    pub seed: u64,
+    /// Loss-scaler settings, used by "16-mixed" only. Default: PyTorch's.
+    pub grad_scaler: GradScalerConfig,
+}
+
+impl Default for AcceleratorConfig {
+    fn default() -> Self {
+        Self {
+            precision: Precision::default(),
+            gradient_accumulation_steps: 1,
+            max_grad_norm: None,
+            seed: 42,
+            grad_scaler: GradScalerConfig::default(),
+        }
+    }
+}
+
+impl AcceleratorConfig {
+    /// Checks every field, naming the first bad one.
+    pub fn validate(&self) -> Result<(), AccelerateError> {
+        if self.gradient_accumulation_steps == 0 {
+            return Err(AccelerateError::invalid(
+                "gradient_accumulation_steps",
+                0,
+                "at least 1",
+            ));
+        }
+        if let Some(norm) = self.max_grad_norm
+            && !(norm.is_finite() && norm > 0.0)
+        {
+            return Err(AccelerateError::invalid(
+                "max_grad_norm",
+                norm,
+                "a finite number > 0, or none",
+            ));
+        }
+        self.grad_scaler.validate()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_accumulation_steps_is_named() {
+        let c = AcceleratorConfig {
+            gradient_accumulation_steps: 0,
+            ..Default::default()
+        };
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("gradient_accumulation_steps"), "{msg}");
+    }
+
+    #[test]
+    fn loads_from_json_with_defaults_and_rejects_typos() {
+        let c: AcceleratorConfig =
+            serde_json::from_str(r#"{"precision": "bf16-mixed", "max_grad_norm": 1.0}"#).unwrap();
+        assert_eq!(c.precision, Precision::Bf16Mixed);
+        assert_eq!(c.gradient_accumulation_steps, 1);
+        let err = serde_json::from_str::<AcceleratorConfig>(r#"{"precision": "bf17"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bf17") && err.contains("bf16-mixed"), "{err}");
+        assert!(serde_json::from_str::<AcceleratorConfig>(r#"{"precison": "32"}"#).is_err());
+        assert!(
+            AcceleratorConfig {
+                max_grad_norm: Some(-1.0),
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,28 @@
+//! afterburner: training acceleration for [Burn](https://burn.dev).
+//!
+//! Keep an ordinary Burn training loop, change about six lines, and train in bf16 or fp16
+//! mixed precision with gradient accumulation, global-norm clipping and a resumable state.
+//!
+//! - [`Accelerator`] + [`AcceleratorConfig`]: the single-device facade (Fabric/Accelerate
+//!   style): `setup`, `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` /
+//!   `load_state`, `dataloader`.
+//! - [`data`]: a device-aware data loader, the built-in digits data, a CIFAR-10 reader.
+//! - [`models`]: the small ViT the examples and benches train.
+//! - [`precision`]: re-export of `afterburner-precision` (policies, autocast, loss scaling).
+//!
+//! Multi-device strategies, activation checkpointing, Local SGD and the Trainer come in their
+//! own crates and issues.
+
+mod accelerator;
+mod config;
+pub mod data;
+mod error;
+pub mod models;
+pub mod rng;
+mod state;
+
+pub use accelerator::{Accelerator, Counters, StepOutcome};
+pub use afterburner_precision as precision;
+pub use afterburner_precision::Precision;
+pub use config::AcceleratorConfig;
+pub use error::AccelerateError;

@@ -1,0 +1,30 @@
+//! Mixed precision for [Burn](https://burn.dev) training loops.
+//!
+//! - [`Precision`]: the precision policy, parsed from Lightning's strings (`"bf16-mixed"`, ...)
+//!   or HF's `bf16` / `fp16` flags.
+//! - [`autocast`]: the half-precision *view* of an f32 model used for one forward pass under the
+//!   mixed modes, and [`CastFloats`] to move inputs and outputs between dtypes.
+//! - [`GradScaler`]: dynamic loss scaling for `16-mixed` (PyTorch's defaults).
+//! - [`grads`]: whole-model gradient operations Burn 0.21 lacks: scaling, the global norm,
+//!   global-norm clipping, the inf/NaN check.
+//!
+//! The crate works in any Burn loop on its own; the `afterburner` facade composes it with
+//! accumulation and checkpointing.
+//!
+//! ```
+//! use afterburner_precision::Precision;
+//! let p: Precision = "bf16-mixed".parse().unwrap();
+//! assert!(p.is_mixed());
+//! assert!("bf16-mixd".parse::<Precision>().is_err());
+//! ```
+
+pub mod autocast;
+mod error;
+pub mod grads;
+mod policy;
+mod scaler;
+
+pub use autocast::{CastFloats, autocast_view, cast_module, materialize_params};
+pub use error::PrecisionError;
+pub use policy::Precision;
+pub use scaler::{GradScaler, GradScalerConfig, GradScalerState};
