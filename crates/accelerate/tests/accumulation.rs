@@ -1,0 +1,99 @@
+//! Gradient accumulation: the mean of N micro-batch gradients, one optimizer step per N, a
+//! flush at the end of an epoch.
+
+mod common;
+
+use afterburner::data::{ImageBatcher, digits};
+use afterburner::{Accelerator, AcceleratorConfig, StepOutcome};
+use burn::optim::SgdConfig;
+use common::*;
+
+fn accelerator(steps: usize) -> Accelerator<B> {
+    let config = AcceleratorConfig {
+        gradient_accumulation_steps: steps,
+        ..Default::default()
+    };
+    Accelerator::new(config, Default::default()).unwrap()
+}
+
+const BATCHER: ImageBatcher = ImageBatcher {
+    channels: 1,
+    height: 8,
+    width: 8,
+};
+
+/// Trains on `items` with micro-batches of `micro` and `steps` accumulation steps; returns
+/// the flattened parameters and the optimizer steps taken.
+fn train(micro: usize, steps: usize, n_items: usize) -> (Vec<f32>, Vec<f32>, u64) {
+    let mut acc = accelerator(steps);
+    let (mut model, mut optim) = acc.setup(vit(9), SgdConfig::new().init());
+    let initial = flatten(&params(&model));
+    let items = digits::load().unwrap()[..n_items].to_vec();
+    let loader = acc.dataloader(items, BATCHER, micro).unwrap();
+    for (i, batch) in loader.epoch(0).enumerate() {
+        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        acc.backward(cross_entropy(logits, &batch), &model).unwrap();
+        let will_step = acc.sync_gradients();
+        model = acc.step(model, &mut optim, &mut 0.5).unwrap();
+        let stepped = matches!(acc.last_step(), StepOutcome::Stepped { .. });
+        assert_eq!(stepped, will_step, "micro-batch {i}");
+    }
+    (
+        initial,
+        flatten(&params(&model)),
+        acc.counters().optimizer_steps,
+    )
+}
+
+fn compare(
+    name: &str,
+    (init_a, a, _): &(Vec<f32>, Vec<f32>, u64),
+    (init_b, b, _): &(Vec<f32>, Vec<f32>, u64),
+) {
+    assert_eq!(init_a, init_b);
+    let param_err = max_rel(a, b, 1e-3);
+    let update_a: Vec<f32> = a.iter().zip(init_a).map(|(x, y)| x - y).collect();
+    let update_b: Vec<f32> = b.iter().zip(init_b).map(|(x, y)| x - y).collect();
+    let update_err = rel_l2(&update_a, &update_b);
+    println!(
+        "{name}: parameters max relative diff {param_err:.2e}, updates relative L2 {update_err:.2e}"
+    );
+    assert!(param_err < 1e-5, "{name}: parameters differ by {param_err}");
+    assert!(update_err < 1e-4, "{name}: updates differ by {update_err}");
+    assert!(update_b.iter().any(|u| *u != 0.0));
+}
+
+#[test]
+fn four_micro_batches_equal_one_big_batch() {
+    let _rng = rng_lock();
+    // 3 optimizer steps either way: 12 micro-batches of 8, or 3 batches of 32.
+    let accumulated = train(8, 4, 96);
+    let big = train(32, 1, 96);
+    assert_eq!(accumulated.2, 3, "one optimizer step per 4 micro-batches");
+    assert_eq!(big.2, 3);
+    compare("accumulate 4 x 8 vs batch 32", &accumulated, &big);
+}
+
+#[test]
+fn epoch_end_flushes_a_short_cycle_with_its_mean() {
+    let _rng = rng_lock();
+    // 6 micro-batches of 8 with 4 accumulation steps: a step after 4, a flush after 2 more.
+    let accumulated = train(8, 4, 48);
+    let reference = train(32, 1, 48); // batches of 32 and 16, same shuffled order
+    assert_eq!(accumulated.2, 2);
+    assert_eq!(reference.2, 2);
+    compare("flush 4 + 2 vs 32 + 16", &accumulated, &reference);
+}
+
+#[test]
+fn step_before_backward_is_a_usage_error() {
+    let _rng = rng_lock();
+    let mut acc = accelerator(2);
+    let (model, mut optim) = acc.setup(vit(1), SgdConfig::new().init());
+    let err = acc
+        .step(model, &mut optim, &mut 0.1)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("backward() first"), "{err}");
+}

@@ -1,0 +1,107 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::{Mutex, MutexGuard};
+
+use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
+use afterburner::models::{Vit, VitConfig};
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::{DType, Tensor};
+
+pub type B = Autodiff<Flex>;
+
+/// Flex keeps one process-wide RNG and the Accelerator seeds it: every test of a binary that
+/// builds models or accelerators holds this lock for its whole run.
+static RNG_LOCK: Mutex<()> = Mutex::new(());
+
+pub fn rng_lock() -> MutexGuard<'static, ()> {
+    RNG_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn tiny_vit() -> VitConfig {
+    VitConfig::new()
+        .with_d_model(32)
+        .with_d_ff(64)
+        .with_n_layers(2)
+}
+
+/// The first `n` digits as one batch.
+pub fn digits_batch(start: usize, n: usize) -> ImageBatch<B> {
+    let items = digits::load().unwrap()[start..start + n].to_vec();
+    let batcher = ImageBatcher {
+        channels: 1,
+        height: 8,
+        width: 8,
+    };
+    Batcher::<B, _>::batch(&batcher, items, &Default::default())
+}
+
+pub fn cross_entropy(logits: Tensor<B, 2>, batch: &ImageBatch<B>) -> Tensor<B, 1> {
+    CrossEntropyLossConfig::new()
+        .init(&Default::default())
+        .forward(logits, batch.labels.clone())
+}
+
+/// Every float parameter as (id, dtype, values in f32), in visit order.
+pub fn params<M: Module<B>>(model: &M) -> Vec<(ParamId, DType, Vec<f32>)> {
+    struct Collect(Vec<(ParamId, DType, Vec<f32>)>);
+    impl ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let v = param.val();
+            let dtype = v.dtype();
+            let values = v.cast(DType::F32).into_data().to_vec::<f32>().unwrap();
+            self.0.push((param.id, dtype, values));
+        }
+    }
+    let mut c = Collect(Vec::new());
+    model.visit(&mut c);
+    c.0
+}
+
+/// Gradient of every parameter of `model` (visit order), in f32; zeros where none.
+pub fn grads_of<M: Module<B>>(model: &M, grads: &GradientsParams) -> Vec<Vec<f32>> {
+    struct Collect<'a>(&'a GradientsParams, Vec<Vec<f32>>);
+    impl ModuleVisitor<B> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let values = match self.0.get::<Flex, D>(param.id) {
+                Some(g) => g.cast(DType::F32).into_data().to_vec::<f32>().unwrap(),
+                None => vec![0.0; param.val().shape().num_elements()],
+            };
+            self.1.push(values);
+        }
+    }
+    let mut c = Collect(grads, Vec::new());
+    model.visit(&mut c);
+    c.1
+}
+
+/// ||a - b|| / ||b|| over all values.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+/// Largest |a - b| / max(|b|, floor) over all values.
+pub fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
+        .fold(0.0, f32::max)
+}
+
+pub fn flatten(p: &[(ParamId, DType, Vec<f32>)]) -> Vec<f32> {
+    p.iter().flat_map(|(_, _, v)| v.iter().copied()).collect()
+}
+
+/// A tiny ViT from `seed` (hold [`rng_lock`]).
+pub fn vit(seed: u64) -> Vit<B> {
+    <B as burn::tensor::backend::Backend>::seed(&Default::default(), seed);
+    let model = tiny_vit().init::<B>(&Default::default());
+    afterburner::precision::materialize_params(&model);
+    model
+}
