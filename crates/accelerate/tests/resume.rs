@@ -110,7 +110,7 @@ fn ten_steps_equal_five_save_load_five_bitwise() {
             &dir,
             resumed.model.clone(),
             resumed.optim.clone(),
-            resumed.lr.clone(),
+            resumed.lr,
         )
         .unwrap();
     (resumed.model, resumed.optim, resumed.lr) = (model, optim, lr);
@@ -140,7 +140,7 @@ fn ten_steps_equal_five_save_load_five_bitwise() {
 fn load_err(dir: &Path) -> AccelerateError {
     let mut run = fresh(8);
     run.acc
-        .load_state(dir, run.model.clone(), run.optim.clone(), run.lr.clone())
+        .load_state(dir, run.model.clone(), run.optim.clone(), run.lr)
         .err()
         .expect("loading a damaged state must fail")
 }
@@ -183,7 +183,7 @@ fn corrupt_or_truncated_state_is_an_error_and_changes_nothing() {
         &dir,
         fresh_run.model.clone(),
         fresh_run.optim.clone(),
-        fresh_run.lr.clone(),
+        fresh_run.lr,
     );
     assert_eq!(fresh_run.acc.counters().optimizer_steps, 0);
 
@@ -193,7 +193,7 @@ fn corrupt_or_truncated_state_is_an_error_and_changes_nothing() {
         .unwrap();
     let mut ok = fresh(8);
     ok.acc
-        .load_state(&dir, ok.model.clone(), ok.optim.clone(), ok.lr.clone())
+        .load_state(&dir, ok.model.clone(), ok.optim.clone(), ok.lr)
         .unwrap();
     assert_eq!(ok.acc.counters().optimizer_steps, 5);
 

@@ -48,7 +48,7 @@ pub fn read_file(path: impl AsRef<Path>) -> Result<Vec<ImageItem>, AccelerateErr
 
 /// Parses records; errors on a length that is not a whole number of records or a bad label.
 pub fn parse(bytes: &[u8]) -> Result<Vec<ImageItem>, String> {
-    if bytes.is_empty() || bytes.len() % RECORD != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(RECORD) {
         return Err(format!(
             "{} bytes is not a whole number of {RECORD}-byte CIFAR-10 records",
             bytes.len()

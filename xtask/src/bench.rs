@@ -1,0 +1,268 @@
+//! `cargo xtask bench`: the small ViT for a fixed number of steps under each precision, next
+//! to the plain Burn loop, in one run. Reports steps/s, ratios, peak memory and final loss,
+//! and writes `bench-results/precision-<backend>.{json,md}`.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
+use afterburner::models::VitConfig;
+use afterburner::{Accelerator, AcceleratorConfig, Precision};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
+use serde::Serialize;
+
+use crate::alloc;
+
+struct Options {
+    backend: String,
+    steps: usize,
+    warmup: usize,
+    batch_size: usize,
+    rounds: usize,
+    out: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    scenario: String,
+    precision: String,
+    steps_per_s: f64,
+    /// Throughput relative to the Accelerator at 32-true.
+    speed_vs_32_true: f64,
+    /// Peak live heap bytes during the timed steps (CPU backends; counting allocator).
+    peak_mib: f64,
+    final_loss: f64,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        backend: "flex".into(),
+        steps: 60,
+        warmup: 5,
+        batch_size: 64,
+        rounds: 3,
+        out: "bench-results".into(),
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = || {
+            value
+                .parse::<usize>()
+                .map_err(|e| format!("{flag} '{value}': {e}"))
+        };
+        match flag.as_str() {
+            "--backend" => o.backend = value.clone(),
+            "--steps" => o.steps = num()?,
+            "--warmup" => o.warmup = num()?,
+            "--batch-size" => o.batch_size = num()?,
+            "--rounds" => o.rounds = num()?,
+            "--out" => o.out = value.clone(),
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    if o.steps == 0 || o.batch_size == 0 || o.rounds == 0 {
+        return Err("--steps, --batch-size and --rounds must be at least 1".into());
+    }
+    Ok(o)
+}
+
+/// Runs the benchmark.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    match o.backend.as_str() {
+        #[cfg(feature = "flex")]
+        "flex" => bench::<burn::backend::Autodiff<burn::backend::Flex>>(&o),
+        #[cfg(feature = "cuda")]
+        "cuda" => bench::<burn::backend::Autodiff<burn::backend::Cuda>>(&o),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => bench::<burn::backend::Autodiff<burn::backend::Wgpu>>(&o),
+        other => Err(format!(
+            "backend '{other}' is not compiled in; use flex, or build with \
+             `cargo xtask bench` after `--features {other}` (cargo run --release -p xtask --features {other} -- bench --backend {other})"
+        )),
+    }
+}
+
+/// Fixed batches (data loading is not timed).
+fn batches<B: AutodiffBackend>(
+    o: &Options,
+    device: &B::Device,
+) -> Result<Vec<ImageBatch<B>>, String> {
+    let items = digits::load().map_err(|e| e.to_string())?;
+    let batcher = ImageBatcher {
+        channels: 1,
+        height: 8,
+        width: 8,
+    };
+    Ok(items
+        .chunks_exact(o.batch_size)
+        .map(|c| Batcher::<B, _>::batch(&batcher, c.to_vec(), device))
+        .collect())
+}
+
+/// One measured run: (timed duration, peak bytes, final loss).
+type Measured = (Duration, usize, f64);
+
+fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::Device) -> Measured {
+    B::seed(device, 0);
+    let mut model = VitConfig::new().init::<B>(device);
+    let mut optim = AdamWConfig::new().init();
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    let mut start = Instant::now();
+    let mut last = 0.0;
+    for i in 0..o.warmup + o.steps {
+        if i == o.warmup {
+            B::sync(device).ok();
+            alloc::reset_peak();
+            start = Instant::now();
+        }
+        let batch = &data[i % data.len()];
+        let loss = loss_fn.forward(model.forward(batch.images.clone()), batch.labels.clone());
+        if i + 1 == o.warmup + o.steps {
+            last = loss.clone().into_scalar().elem::<f64>();
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-3, model, grads);
+    }
+    B::sync(device).ok();
+    (start.elapsed(), alloc::peak(), last)
+}
+
+fn accelerated<B: AutodiffBackend>(
+    o: &Options,
+    precision: Precision,
+    data: &[ImageBatch<B>],
+    device: &B::Device,
+) -> Result<Measured, String> {
+    let config = AcceleratorConfig {
+        precision,
+        seed: 0,
+        ..Default::default()
+    };
+    let mut acc = Accelerator::<B>::new(config, device.clone()).map_err(|e| e.to_string())?;
+    let model = VitConfig::new().init::<B>(device);
+    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init());
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    let mut lr = 1e-3;
+    let mut start = Instant::now();
+    let mut last = 0.0;
+    for i in 0..o.warmup + o.steps {
+        if i == o.warmup {
+            B::sync(device).ok();
+            alloc::reset_peak();
+            start = Instant::now();
+        }
+        let batch = &data[i % data.len()];
+        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let loss = loss_fn.forward(logits, batch.labels.clone());
+        if i + 1 == o.warmup + o.steps {
+            last = loss.clone().into_scalar().elem::<f64>();
+        }
+        acc.backward(loss, &model).map_err(|e| e.to_string())?;
+        model = acc
+            .step(model, &mut optim, &mut lr)
+            .map_err(|e| e.to_string())?;
+    }
+    B::sync(device).ok();
+    Ok((start.elapsed(), alloc::peak(), last))
+}
+
+fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
+    let device = B::Device::default();
+    let data = batches::<B>(o, &device)?;
+    let precisions = [
+        Precision::Full32,
+        Precision::Bf16Mixed,
+        Precision::F16Mixed,
+        Precision::Bf16True,
+    ];
+    // scenario 0 = plain Burn; 1.. = Accelerator per precision. Best time over rounds.
+    let n = precisions.len() + 1;
+    let mut best: Vec<Option<Measured>> = vec![None; n];
+    for round in 0..o.rounds {
+        eprintln!("round {}/{}", round + 1, o.rounds);
+        for k in 0..n {
+            // Alternate the order each round so drift does not favour one scenario.
+            let s = if round % 2 == 0 { k } else { n - 1 - k };
+            let m = if s == 0 {
+                plain::<B>(o, &data, &device)
+            } else {
+                match accelerated::<B>(o, precisions[s - 1], &data, &device) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        eprintln!("{}: skipped ({e})", precisions[s - 1]);
+                        continue;
+                    }
+                }
+            };
+            best[s] = Some(match best[s] {
+                Some(b) if b.0 <= m.0 => (b.0, b.1.max(m.1), b.2),
+                Some(b) => (m.0, b.1.max(m.1), m.2),
+                None => m,
+            });
+        }
+    }
+    let rate = |m: &Measured| o.steps as f64 / m.0.as_secs_f64();
+    let base = best[1].as_ref().map(rate).unwrap_or(f64::NAN);
+    let rows: Vec<Row> = best
+        .iter()
+        .enumerate()
+        .filter_map(|(s, m)| {
+            let m = m.as_ref()?;
+            Some(Row {
+                scenario: if s == 0 {
+                    "plain Burn loop".into()
+                } else {
+                    "Accelerator".into()
+                },
+                precision: if s == 0 {
+                    "32-true".into()
+                } else {
+                    precisions[s - 1].to_string()
+                },
+                steps_per_s: rate(m),
+                speed_vs_32_true: rate(m) / base,
+                peak_mib: m.1 as f64 / (1024.0 * 1024.0),
+                final_loss: m.2,
+            })
+        })
+        .collect();
+    write_results(o, &rows)
+}
+
+fn write_results(o: &Options, rows: &[Row]) -> Result<(), String> {
+    let mut md = format!(
+        "ViT (d_model 64, 2 blocks, 16 patches) on 8x8 digits, backend `{}`, batch {}, {} timed steps \
+         after {} warm-up, best of {} rounds.\n\n\
+         | scenario | precision | steps/s | speed vs Accelerator 32-true | peak MiB | final loss |\n\
+         |---|---|---|---|---|---|\n",
+        o.backend, o.batch_size, o.steps, o.warmup, o.rounds
+    );
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} | {:.3} | {:.1} | {:.4} |",
+            r.scenario, r.precision, r.steps_per_s, r.speed_vs_32_true, r.peak_mib, r.final_loss
+        );
+    }
+    if let (Some(plain), Some(acc)) = (rows.first(), rows.get(1)) {
+        let _ = writeln!(
+            md,
+            "\nAccelerator overhead at 32-true vs the plain loop: {:+.2}% time per step.",
+            (plain.steps_per_s / acc.steps_per_s - 1.0) * 100.0
+        );
+    }
+    println!("{md}");
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("creating {}: {e}", o.out))?;
+    let base = format!("{}/precision-{}", o.out, o.backend);
+    let json = serde_json::to_string_pretty(rows).map_err(|e| e.to_string())?;
+    std::fs::write(format!("{base}.json"), json)
+        .map_err(|e| format!("writing {base}.json: {e}"))?;
+    std::fs::write(format!("{base}.md"), md).map_err(|e| format!("writing {base}.md: {e}"))?;
+    eprintln!("wrote {base}.json and {base}.md");
+    Ok(())
+}
