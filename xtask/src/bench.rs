@@ -104,6 +104,13 @@ fn batches<B: AutodiffBackend>(
         .collect())
 }
 
+/// Waits for queued device work, restarts the memory peak and returns the start instant.
+fn start_timing<B: AutodiffBackend>(device: &B::Device) -> Instant {
+    B::sync(device).ok();
+    alloc::reset_peak();
+    Instant::now()
+}
+
 /// One measured run: (timed duration, peak bytes, final loss).
 type Measured = (Duration, usize, f64);
 
@@ -116,9 +123,7 @@ fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::De
     let mut last = 0.0;
     for i in 0..o.warmup + o.steps {
         if i == o.warmup {
-            B::sync(device).ok();
-            alloc::reset_peak();
-            start = Instant::now();
+            start = start_timing::<B>(device);
         }
         let batch = &data[i % data.len()];
         let loss = loss_fn.forward(model.forward(batch.images.clone()), batch.labels.clone());
@@ -152,9 +157,7 @@ fn accelerated<B: AutodiffBackend>(
     let mut last = 0.0;
     for i in 0..o.warmup + o.steps {
         if i == o.warmup {
-            B::sync(device).ok();
-            alloc::reset_peak();
-            start = Instant::now();
+            start = start_timing::<B>(device);
         }
         let batch = &data[i % data.len()];
         let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
