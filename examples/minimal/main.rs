@@ -150,7 +150,7 @@ fn accuracy(
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         config: AcceleratorConfig::default(),
-        epochs: 15,
+        epochs: 30,
         batch_size: 32,
         lr: 2e-3,
         plain: false,
