@@ -1,6 +1,44 @@
-//! Activation (gradient) checkpointing for Burn: wrap a block so its inner activations are
-//! dropped after the forward pass and recomputed in the backward pass, like
-//! `torch.utils.checkpoint`, with policies for what to keep.
+//! Activation (gradient) checkpointing for [Burn](https://burn.dev): trade compute for memory.
 //!
-//! Not built yet: this crate is empty until its issue ("Activation checkpointing") lands.
-//! It holds no API today, on purpose.
+//! Wrap a block in [`Checkpointed`] and its inner activations are dropped after the forward
+//! pass and recomputed in the backward pass, like `torch.utils.checkpoint`; gradients equal
+//! those of the plain block, and an optimizer sees nothing unusual.
+//!
+//! - [`Checkpointed`]: the wrapper for any `Module` (a whole block, or with
+//!   [`Checkpointed::cheap`] a part that is cheap to recompute); [`checkpoint`] for a
+//!   parameter-free function.
+//! - [`CheckpointPolicy`]: which wrappers a forward pass recomputes (`none`, `all`,
+//!   `every-<k>`, `selective`, Burn's `balanced`), set for a forward pass with [`with_policy`].
+//! - [`enable`]: lets wrappers checkpoint on an autodiff backend (the `afterburner`
+//!   Accelerator calls it).
+//! - [`seed_blocks`]: the seed stream that replays randomness (dropout) in the recompute.
+//! - [`Balanced`]: Burn's own op-level `BalancedCheckpointing` backend, to compare.
+//!
+//! Works under mixed precision (a block in a half view recomputes in the same dtype) and
+//! gradient accumulation. See `docs/checkpointing.md` for the design and measured figures.
+
+mod autodiff;
+mod engine;
+mod error;
+mod policy;
+mod scope;
+mod wrapper;
+
+pub use engine::{enable, is_enabled};
+pub use error::CheckpointError;
+pub use policy::{BlockKind, CheckpointPolicy};
+pub use scope::{current_policy, seed_blocks, with_policy};
+pub use wrapper::{Checkpointed, checkpoint};
+
+/// Burn's own op-level checkpointing: `Autodiff<B, BalancedCheckpointing>` recomputes the
+/// elementwise ops it marks memory-bound. It is a backend type, chosen where the backend is
+/// named; the `balanced` policy checks for it.
+pub type Balanced<B> = burn::backend::Autodiff<
+    B,
+    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+>;
+
+/// Whether the autodiff backend `B` is Burn's [`Balanced`] (`BalancedCheckpointing`).
+pub fn is_balanced<B: burn::tensor::backend::AutodiffBackend>() -> bool {
+    std::any::TypeId::of::<B>() == std::any::TypeId::of::<Balanced<B::InnerBackend>>()
+}

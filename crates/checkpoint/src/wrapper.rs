@@ -1,0 +1,213 @@
+//! [`Checkpointed`]: the block wrapper, and [`checkpoint`] for a parameter-free function.
+
+use std::marker::PhantomData;
+use std::sync::Once;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use crate::BlockKind;
+use crate::engine::{self, BlockFn, Job};
+use crate::scope;
+
+/// A block whose inner activations are dropped after the forward pass and recomputed in the
+/// backward pass (`torch.utils.checkpoint`).
+///
+/// Only the block's input is kept. In the backward pass the block runs again with autodiff on
+/// and its gradients reach the input and the block's parameters, merged into the normal
+/// gradients: an optimizer sees nothing unusual, and the gradients equal those of the plain
+/// block.
+///
+/// Whether a given call is recomputed is decided by the [`CheckpointPolicy`] in force
+/// ([`with_policy`]; the Accelerator sets it from its config). Randomness inside the block
+/// (dropout) replays identically: the block seeds the backend from a per-call seed before it
+/// runs, both times. On a backend without autodiff the block simply runs.
+///
+/// ```
+/// use afterburner_checkpoint::Checkpointed;
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::nn::{Linear, LinearConfig};
+/// use burn::tensor::Tensor;
+///
+/// type B = Autodiff<Flex>;
+/// afterburner_checkpoint::enable::<B>();
+/// let device = Default::default();
+/// let block = Checkpointed::new(LinearConfig::new(4, 4).init::<B>(&device));
+/// let x = Tensor::<B, 2>::ones([2, 4], &device).require_grad();
+/// let y = block.forward(x.clone(), |linear: &Linear<B>, x| linear.forward(x).tanh());
+/// let grads = y.sum().backward();
+/// assert!(x.grad(&grads).is_some());
+/// assert!(block.block.weight.grad(&grads).is_some());
+/// ```
+///
+/// The closure runs twice (forward, then recompute on a helper thread), so it must be `Fn`,
+/// `Send` and `'static`: give it what it needs through the block and the input. A tensor it
+/// captures that requires gradients is detected and the call runs without checkpointing (a
+/// warning is logged once).
+///
+/// [`CheckpointPolicy`]: crate::CheckpointPolicy
+/// [`with_policy`]: crate::with_policy
+#[derive(Module, Debug)]
+pub struct Checkpointed<B: Backend, T: Module<B>> {
+    /// The wrapped block.
+    pub block: T,
+    #[module(skip)]
+    kind: BlockKind,
+    #[module(skip)]
+    replay_rng: bool,
+    backend: PhantomData<B>,
+}
+
+impl<B: Backend, T: Module<B>> Checkpointed<B, T> {
+    /// Wraps a whole block ([`BlockKind::Block`]).
+    pub fn new(block: T) -> Self {
+        Self::with_kind(block, BlockKind::Block)
+    }
+
+    /// Wraps a part that is cheap to recompute ([`BlockKind::Cheap`]: norms, activations,
+    /// softmax), the part the `selective` policy recomputes.
+    pub fn cheap(block: T) -> Self {
+        Self::with_kind(block, BlockKind::Cheap)
+    }
+
+    /// Wraps `block` as `kind`.
+    pub fn with_kind(block: T, kind: BlockKind) -> Self {
+        Self {
+            block,
+            kind,
+            replay_rng: true,
+            backend: PhantomData,
+        }
+    }
+
+    /// Turns the RNG replay off (PyTorch's `preserve_rng_state=False`): the block then draws
+    /// from the backend RNG as it is, and a recompute of a block with dropout draws other masks.
+    pub fn without_rng_replay(mut self) -> Self {
+        self.replay_rng = false;
+        self
+    }
+
+    /// What this wrapper holds.
+    pub fn kind(&self) -> BlockKind {
+        self.kind
+    }
+
+    /// Runs `forward(&self.block, input)`, checkpointed when the policy in force says so.
+    pub fn forward<const D: usize, const D2: usize, F>(
+        &self,
+        input: Tensor<B, D>,
+        forward: F,
+    ) -> Tensor<B, D2>
+    where
+        T: 'static,
+        F: Fn(&T, Tensor<B, D>) -> Tensor<B, D2> + Send + 'static,
+    {
+        if !B::ad_enabled(&input.device()) {
+            return forward(&self.block, input);
+        }
+        // Reading the parameters initialises lazy ones now, before the block's seed is set:
+        // an initialisation inside the seeded region would shift the block's random draws.
+        let mut slots = vec![input.into_primitive().tensor()];
+        self.block.visit(&mut CollectParams(&mut slots));
+        let recompute = scope::decide(self.kind);
+        let seed = self.replay_rng.then(scope::next_block_seed);
+        let apply = if recompute {
+            engine::lookup::<B>()
+        } else {
+            None
+        };
+        let Some(apply) = apply else {
+            if recompute {
+                warn_not_enabled::<B>();
+            }
+            let input = from_float(slots.swap_remove(0)); // the parameters are not needed
+            return run_block(&self.block, input, &forward, seed, false);
+        };
+
+        let block = self.block.clone();
+        let run: BlockFn<B> = Box::new(move |slots, recomputed| {
+            let mut slots = slots.into_iter();
+            let Some(input) = slots.next() else {
+                unreachable!("a checkpointed call always has its input")
+            };
+            let module = block.clone().map(&mut ReplaceParams(slots));
+            run_block(&module, from_float(input), &forward, seed, recomputed)
+                .into_primitive()
+                .tensor()
+        });
+        from_float(apply(Job { slots, block: run }))
+    }
+}
+
+/// Checkpoints a function without parameters of its own (a softmax, an activation, a chain of
+/// elementwise ops): only `input` is kept, the rest is recomputed in the backward pass.
+///
+/// `kind` says which policies recompute it ([`BlockKind::Cheap`] for `selective`).
+pub fn checkpoint<B, const D: usize, const D2: usize, F>(
+    kind: BlockKind,
+    input: Tensor<B, D>,
+    function: F,
+) -> Tensor<B, D2>
+where
+    B: Backend,
+    F: Fn(Tensor<B, D>) -> Tensor<B, D2> + Send + 'static,
+{
+    Checkpointed::<B, PhantomData<B>>::with_kind(PhantomData, kind)
+        .forward(input, move |_, x| function(x))
+}
+
+/// Seeds the backend for the block (when replaying RNG), marks the region, runs the block.
+fn run_block<B, M, const D: usize, const D2: usize>(
+    module: &M,
+    input: Tensor<B, D>,
+    forward: &impl Fn(&M, Tensor<B, D>) -> Tensor<B, D2>,
+    seed: Option<u64>,
+    recomputed: bool,
+) -> Tensor<B, D2>
+where
+    B: Backend,
+{
+    if let Some(seed) = seed {
+        B::seed(&input.device(), seed);
+    }
+    let _region = scope::enter_block(seed, recomputed);
+    forward(module, input)
+}
+
+fn from_float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(primitive))
+}
+
+fn warn_not_enabled<B: Backend>() {
+    static WARNED: Once = Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "activation checkpointing is not enabled for backend {}: wrapped blocks run without \
+             checkpointing. Call afterburner_checkpoint::enable::<B>() once (the afterburner \
+             Accelerator does).",
+            std::any::type_name::<B>()
+        )
+    });
+}
+
+/// Collects the float parameters' tensors in visit order (reading lazy ones initialises them).
+struct CollectParams<'a, B: Backend>(&'a mut Vec<FloatTensor<B>>);
+
+impl<B: Backend> ModuleVisitor<B> for CollectParams<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(param.val().into_primitive().tensor());
+    }
+}
+
+/// Puts the given tensors in place of the float parameters, in visit order (ids kept).
+struct ReplaceParams<I>(I);
+
+impl<B: Backend, I: Iterator<Item = FloatTensor<B>>> ModuleMapper<B> for ReplaceParams<I> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let tensor = self.0.next().map(from_float).unwrap_or(tensor);
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
