@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -19,6 +20,10 @@ use crate::{AccelerateError, AcceleratorConfig};
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
+/// Domain tag for the backend seed after each micro-batch's backward.
+const BACKWARD_SEED_DOMAIN: u64 = 0xBAC4;
+/// Domain tag for the checkpointed blocks' seed stream.
+const BLOCK_SEED_DOMAIN: u64 = 0xB10C;
 
 /// Progress counters, saved with the training state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,8 +95,23 @@ impl<B: AutodiffBackend> Accelerator<B> {
         } else {
             None
         };
+        if config.gradient_checkpointing == CheckpointPolicy::Balanced
+            && !afterburner_checkpoint::is_balanced::<B>()
+        {
+            return Err(CheckpointError::BalancedNeedsBackend {
+                backend: std::any::type_name::<B>().into(),
+            }
+            .into());
+        }
+        afterburner_checkpoint::enable::<B>();
         B::seed(&device, config.seed);
-        tracing::info!(precision = %config.precision, backend = B::name(&device), "accelerator ready");
+        afterburner_checkpoint::seed_blocks(derive_seed(config.seed, BLOCK_SEED_DOMAIN, 0));
+        tracing::info!(
+            precision = %config.precision,
+            gradient_checkpointing = %config.gradient_checkpointing,
+            backend = B::name(&device),
+            "accelerator ready"
+        );
         Ok(Self {
             config,
             device,
@@ -164,7 +184,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// Runs `forward(model, input)` under the precision policy: inputs' float tensors are cast
     /// to the compute dtype, a fresh half view of the model is used in the mixed modes, and the
-    /// output's float tensors come back in f32 so the loss is computed in f32.
+    /// output's float tensors come back in f32 so the loss is computed in f32. The model's
+    /// `Checkpointed` blocks follow the config's `gradient_checkpointing` policy (their
+    /// recompute runs in the same half view, so in the same dtypes).
     pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> O
     where
         M: Module<B>,
@@ -175,11 +197,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let precision = self.config.precision;
         let compute = precision.compute_dtype();
         let input = input.cast_floats(compute);
-        let output = if precision.is_mixed() {
-            forward(&autocast_view(model, compute), input)
-        } else {
-            forward(model, input)
-        };
+        let output =
+            afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
+                if precision.is_mixed() {
+                    forward(&autocast_view(model, compute), input)
+                } else {
+                    forward(model, input)
+                }
+            });
         output.cast_floats(DType::F32)
     }
 
@@ -205,6 +230,16 @@ impl<B: AutodiffBackend> Accelerator<B> {
             loss = loss.div_scalar(steps as f64);
         }
         let new = GradientsParams::from_grads(loss.backward(), model);
+        // A recompute replays the blocks' random draws and so moves the backend RNG: re-seed
+        // so the next micro-batch draws the same with or without checkpointing.
+        B::seed(
+            &self.device,
+            derive_seed(
+                self.cycle_seed(BACKWARD_SEED_DOMAIN),
+                BACKWARD_SEED_DOMAIN,
+                self.micro_in_cycle as u64,
+            ),
+        );
         if new.is_empty() {
             return Err(AccelerateError::Usage(
                 "backward(): no gradient reached the model's parameters; compute the loss with \
@@ -358,11 +393,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 
     pub(crate) fn reseed(&self) {
+        B::seed(&self.device, self.cycle_seed(BACKEND_SEED_DOMAIN));
+        afterburner_checkpoint::seed_blocks(self.cycle_seed(BLOCK_SEED_DOMAIN));
+    }
+
+    /// A seed for the current accumulation cycle in `domain`.
+    fn cycle_seed(&self, domain: u64) -> u64 {
         let cycle = self.counters.optimizer_steps + self.counters.skipped_steps;
-        B::seed(
-            &self.device,
-            derive_seed(self.config.seed, BACKEND_SEED_DOMAIN, cycle),
-        );
+        derive_seed(self.config.seed, domain, cycle)
     }
 
     /// Micro-batches waiting in the current accumulation cycle.

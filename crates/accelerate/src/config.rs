@@ -1,5 +1,6 @@
 //! The Accelerator's settings, as data (serde) with documented defaults.
 
+use afterburner_checkpoint::CheckpointPolicy;
 use afterburner_precision::{GradScalerConfig, Precision};
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +23,10 @@ pub struct AcceleratorConfig {
     pub seed: u64,
     /// Loss-scaler settings, used by "16-mixed" only. Default: PyTorch's.
     pub grad_scaler: GradScalerConfig,
+    /// Activation checkpointing of the model's `Checkpointed` blocks: `false` / "none"
+    /// (default), `true` / "all", "every-<k>", "selective", or "balanced" (Burn's
+    /// `BalancedCheckpointing` backend, which the backend type must then be).
+    pub gradient_checkpointing: CheckpointPolicy,
 }
 
 impl Default for AcceleratorConfig {
@@ -32,6 +37,7 @@ impl Default for AcceleratorConfig {
             max_grad_norm: None,
             seed: 42,
             grad_scaler: GradScalerConfig::default(),
+            gradient_checkpointing: CheckpointPolicy::None,
         }
     }
 }
@@ -85,6 +91,14 @@ mod tests {
             .to_string();
         assert!(err.contains("bf17") && err.contains("bf16-mixed"), "{err}");
         assert!(serde_json::from_str::<AcceleratorConfig>(r#"{"precison": "32"}"#).is_err());
+        let c: AcceleratorConfig =
+            serde_json::from_str(r#"{"gradient_checkpointing": true}"#).unwrap();
+        assert_eq!(c.gradient_checkpointing, CheckpointPolicy::All);
+        let err =
+            serde_json::from_str::<AcceleratorConfig>(r#"{"gradient_checkpointing": "most"}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("most") && err.contains("every-<k>"), "{err}");
         assert!(
             AcceleratorConfig {
                 max_grad_norm: Some(-1.0),

@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 
+use afterburner_checkpoint::CheckpointError;
 use afterburner_precision::PrecisionError;
 use thiserror::Error;
 
@@ -9,6 +10,9 @@ pub enum AccelerateError {
     /// A precision problem (bad string, unsupported dtype, bad scaler setting).
     #[error(transparent)]
     Precision(#[from] PrecisionError),
+    /// An activation-checkpointing problem (bad policy, policy and backend disagree).
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     /// A config field out of range.
     #[error("invalid {field} = {value}: expected {expected}")]
     InvalidConfig {

@@ -1,7 +1,8 @@
 //! afterburner: training acceleration for [Burn](https://burn.dev).
 //!
 //! Keep an ordinary Burn training loop, change about six lines, and train in bf16 or fp16
-//! mixed precision with gradient accumulation, global-norm clipping and a resumable state.
+//! mixed precision with gradient accumulation, global-norm clipping, activation checkpointing
+//! and a resumable state.
 //!
 //! - [`Accelerator`] + [`AcceleratorConfig`]: the single-device facade (Fabric/Accelerate
 //!   style): `setup`, `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` /
@@ -9,9 +10,10 @@
 //! - [`data`]: a device-aware data loader, the built-in digits data, a CIFAR-10 reader.
 //! - [`models`]: the small ViT the examples and benches train.
 //! - [`precision`]: re-export of `afterburner-precision` (policies, autocast, loss scaling).
+//! - [`checkpoint`]: re-export of `afterburner-checkpoint` (`Checkpointed` blocks and the
+//!   policies behind the config's `gradient_checkpointing`).
 //!
-//! Multi-device strategies, activation checkpointing, Local SGD and the Trainer come in their
-//! own crates and issues.
+//! Multi-device strategies, Local SGD and the Trainer come in their own crates and issues.
 
 mod accelerator;
 mod config;
@@ -22,6 +24,8 @@ pub mod rng;
 mod state;
 
 pub use accelerator::{Accelerator, Counters, StepOutcome};
+pub use afterburner_checkpoint as checkpoint;
+pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
 pub use afterburner_precision as precision;
 pub use afterburner_precision::Precision;
 pub use config::AcceleratorConfig;

@@ -1,20 +1,17 @@
-//! Small reference models used by the examples, the tests and `cargo xtask bench`.
-//!
-//! Built only from Burn's own layers (Conv2d, TransformerEncoder, LayerNorm, Linear), so they
-//! show that the precision policies work on stock Burn modules without rewriting them.
+//! A small Vision Transformer from Burn's own layers.
 
+use afterburner_checkpoint::Checkpointed;
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
-};
+use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderLayer};
 use burn::nn::{Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 /// A small Vision Transformer: patch embedding (a strided Conv2d), learned position
-/// embeddings, a pre-norm transformer encoder, mean pooling and a linear head.
+/// embeddings, pre-norm transformer encoder layers (each a [`Checkpointed`] block, recomputed
+/// when the Accelerator's `gradient_checkpointing` says so), mean pooling and a linear head.
 #[derive(Config, Debug)]
 pub struct VitConfig {
     /// Input channels.
@@ -51,7 +48,7 @@ pub struct VitConfig {
 pub struct Vit<B: Backend> {
     patch_embed: Conv2d<B>,
     pos_embed: Param<Tensor<B, 3>>,
-    encoder: TransformerEncoder<B>,
+    blocks: Vec<Checkpointed<B, TransformerEncoderLayer<B>>>,
     norm: LayerNorm<B>,
     head: Linear<B>,
 }
@@ -74,7 +71,7 @@ impl VitConfig {
                 std: 0.02,
             }
             .init([1, self.num_patches(), self.d_model], device),
-            encoder: TransformerEncoderConfig::new(
+            blocks: TransformerEncoderConfig::new(
                 self.d_model,
                 self.d_ff,
                 self.n_heads,
@@ -82,7 +79,11 @@ impl VitConfig {
             )
             .with_dropout(self.dropout)
             .with_norm_first(true)
-            .init(device),
+            .init(device)
+            .layers
+            .into_iter()
+            .map(Checkpointed::new)
+            .collect(),
             norm: LayerNormConfig::new(self.d_model).init(device),
             head: LinearConfig::new(self.d_model, self.num_classes).init(device),
         }
@@ -95,7 +96,11 @@ impl<B: Backend> Vit<B> {
         let patches = self.patch_embed.forward(images); // [b, d, h/p, w/p]
         let [b, d, h, w] = patches.dims();
         let tokens = patches.reshape([b, d, h * w]).swap_dims(1, 2) + self.pos_embed.val();
-        let encoded = self.encoder.forward(TransformerEncoderInput::new(tokens));
+        let encoded = self.blocks.iter().fold(tokens, |x, block| {
+            block.forward(x, |layer: &TransformerEncoderLayer<B>, x| {
+                layer.forward(x, None, None)
+            })
+        });
         let pooled = self.norm.forward(encoded).mean_dim(1).reshape([b, d]);
         self.head.forward(pooled)
     }
