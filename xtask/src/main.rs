@@ -10,7 +10,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench::run(&args[1..]),
-        _ => Err("usage: cargo xtask bench [--backend flex|cuda|wgpu] [--steps N] [--batch-size N] [--rounds N] [--out DIR]".to_string()),
+        _ => Err(bench::USAGE.to_string()),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

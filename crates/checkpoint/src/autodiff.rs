@@ -266,6 +266,10 @@ fn nested_backward<B: AutodiffBackend>(
         OpsKind::Tracked(prep) => prep.finish(grad, probe.primitive.clone()),
         OpsKind::UnTracked(prep) => prep.finish(probe.primitive.clone()),
     };
+    // Nothing but the root may outlive this point: the helper stays blocked in Burn's cleanup
+    // until the outer backward ends, and anything it still held (the block output, the leaves)
+    // would stay allocated until then.
+    drop((output, anchor, probe));
     let _ = B::backward(expect_same(root));
 }
 

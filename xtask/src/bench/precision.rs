@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: the small ViT for a fixed number of steps under each precision, next
+//! The precision suite: the small ViT for a fixed number of steps under each precision, next
 //! to the plain Burn loop, in one run. Reports steps/s, ratios, peak memory and final loss,
 //! and writes `bench-results/precision-<backend>.{json,md}`.
 
@@ -14,16 +14,8 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
+use super::{Options, start_timing};
 use crate::alloc;
-
-struct Options {
-    backend: String,
-    steps: usize,
-    warmup: usize,
-    batch_size: usize,
-    rounds: usize,
-    out: String,
-}
 
 #[derive(Debug, Clone, Serialize)]
 struct Row {
@@ -35,56 +27,6 @@ struct Row {
     /// Peak live heap bytes during the timed steps (CPU backends; counting allocator).
     peak_mib: f64,
     final_loss: f64,
-}
-
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        backend: "flex".into(),
-        steps: 60,
-        warmup: 5,
-        batch_size: 64,
-        rounds: 3,
-        out: "bench-results".into(),
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = || {
-            value
-                .parse::<usize>()
-                .map_err(|e| format!("{flag} '{value}': {e}"))
-        };
-        match flag.as_str() {
-            "--backend" => o.backend = value.clone(),
-            "--steps" => o.steps = num()?,
-            "--warmup" => o.warmup = num()?,
-            "--batch-size" => o.batch_size = num()?,
-            "--rounds" => o.rounds = num()?,
-            "--out" => o.out = value.clone(),
-            _ => return Err(format!("unknown option {flag}")),
-        }
-    }
-    if o.steps == 0 || o.batch_size == 0 || o.rounds == 0 {
-        return Err("--steps, --batch-size and --rounds must be at least 1".into());
-    }
-    Ok(o)
-}
-
-/// Runs the benchmark.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
-    match o.backend.as_str() {
-        #[cfg(feature = "flex")]
-        "flex" => bench::<burn::backend::Autodiff<burn::backend::Flex>>(&o),
-        #[cfg(feature = "cuda")]
-        "cuda" => bench::<burn::backend::Autodiff<burn::backend::Cuda>>(&o),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => bench::<burn::backend::Autodiff<burn::backend::Wgpu>>(&o),
-        other => Err(format!(
-            "backend '{other}' is not compiled in; use flex, or build with \
-             `cargo xtask bench` after `--features {other}` (cargo run --release -p xtask --features {other} -- bench --backend {other})"
-        )),
-    }
 }
 
 /// Fixed batches (data loading is not timed).
@@ -102,13 +44,6 @@ fn batches<B: AutodiffBackend>(
         .chunks_exact(o.batch_size)
         .map(|c| Batcher::<B, _>::batch(&batcher, c.to_vec(), device))
         .collect())
-}
-
-/// Waits for queued device work, restarts the memory peak and returns the start instant.
-fn start_timing<B: AutodiffBackend>(device: &B::Device) -> Instant {
-    B::sync(device).ok();
-    alloc::reset_peak();
-    Instant::now()
 }
 
 /// One measured run: (timed duration, peak bytes, final loss).
@@ -174,7 +109,8 @@ fn accelerated<B: AutodiffBackend>(
     Ok((start.elapsed(), alloc::peak(), last))
 }
 
-fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
+/// Runs the suite on `B`.
+pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
     let device = B::Device::default();
     let data = batches::<B>(o, &device)?;
     let precisions = [

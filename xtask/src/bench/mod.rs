@@ -1,0 +1,143 @@
+//! `cargo xtask bench`: measured side by side in one run, per suite.
+//!
+//! - `precision`: the small ViT under each precision next to the plain Burn loop.
+//! - `checkpoint`: activation checkpointing off / all / every-2 / selective / Burn's balanced,
+//!   on the 12-block transformer and on the ViT: step time and peak memory.
+
+mod checkpoint;
+mod precision;
+
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::alloc;
+
+/// Settings of one suite's run.
+pub struct Options {
+    pub backend: String,
+    pub steps: usize,
+    pub warmup: usize,
+    pub batch_size: usize,
+    pub rounds: usize,
+    pub out: String,
+}
+
+/// What the command line set; the rest comes from each suite's defaults.
+#[derive(Default)]
+struct Given {
+    suite: Option<String>,
+    backend: Option<String>,
+    steps: Option<usize>,
+    warmup: Option<usize>,
+    batch_size: Option<usize>,
+    rounds: Option<usize>,
+    out: Option<String>,
+}
+
+/// A suite's defaults: (steps, warmup, batch size, rounds).
+type Defaults = (usize, usize, usize, usize);
+const PRECISION_DEFAULTS: Defaults = (60, 5, 64, 3);
+const CHECKPOINT_DEFAULTS: Defaults = (4, 2, 32, 2);
+
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|all] \
+[--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR]";
+
+fn parse(args: &[String]) -> Result<Given, String> {
+    let mut g = Given::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let num = || match value.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(format!("{flag} '{value}': expected a whole number >= 1")),
+        };
+        match flag.as_str() {
+            "--suite" => g.suite = Some(value.clone()),
+            "--backend" => g.backend = Some(value.clone()),
+            "--steps" => g.steps = num()?,
+            "--warmup" => g.warmup = num()?,
+            "--batch-size" => g.batch_size = num()?,
+            "--rounds" => g.rounds = num()?,
+            "--out" => g.out = Some(value.clone()),
+            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
+        }
+    }
+    Ok(g)
+}
+
+impl Given {
+    fn options(&self, (steps, warmup, batch_size, rounds): Defaults) -> Options {
+        Options {
+            backend: self.backend.clone().unwrap_or_else(|| "flex".into()),
+            steps: self.steps.unwrap_or(steps),
+            warmup: self.warmup.unwrap_or(warmup),
+            batch_size: self.batch_size.unwrap_or(batch_size),
+            rounds: self.rounds.unwrap_or(rounds),
+            out: self.out.clone().unwrap_or_else(|| "bench-results".into()),
+        }
+    }
+}
+
+/// Runs the benchmark suites the command line asks for.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let given = parse(args)?;
+    let suite = given.suite.as_deref().unwrap_or("all");
+    let (precision, checkpoint) = match suite {
+        "all" => (true, true),
+        "precision" => (true, false),
+        "checkpoint" => (false, true),
+        other => {
+            return Err(format!(
+                "unknown suite '{other}'; valid: precision, checkpoint, all"
+            ));
+        }
+    };
+    if precision {
+        let o = given.options(PRECISION_DEFAULTS);
+        on_backend(&o, Suite::Precision)?;
+    }
+    if checkpoint {
+        let o = given.options(CHECKPOINT_DEFAULTS);
+        on_backend(&o, Suite::Checkpoint)?;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Suite {
+    Precision,
+    Checkpoint,
+}
+
+fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
+    macro_rules! go {
+        ($inner:ty) => {
+            match suite {
+                Suite::Precision => precision::bench::<burn::backend::Autodiff<$inner>>(o),
+                Suite::Checkpoint => checkpoint::bench::<$inner>(o),
+            }
+        };
+    }
+    match o.backend.as_str() {
+        #[cfg(feature = "flex")]
+        "flex" => go!(burn::backend::Flex),
+        #[cfg(feature = "cuda")]
+        "cuda" => go!(burn::backend::Cuda),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => go!(burn::backend::Wgpu),
+        other => Err(format!(
+            "backend '{other}' is not compiled in; build xtask with it: \
+             cargo run --release -p xtask --features {other} -- bench --backend {other}"
+        )),
+    }
+}
+
+/// Waits for queued device work, restarts the memory peak and returns the start instant.
+fn start_timing<B: AutodiffBackend>(device: &B::Device) -> Instant {
+    B::sync(device).ok();
+    alloc::reset_peak();
+    Instant::now()
+}
