@@ -7,7 +7,8 @@
 //! cargo run --release --example minimal -- --plain            # the plain Burn loop
 //! ```
 //! Options: --precision P (32-true, bf16-mixed, 16-mixed, bf16-true, 16-true), --epochs N,
-//! --batch-size N, --accumulation N, --max-grad-norm X, --lr X, --seed N, --plain.
+//! --batch-size N, --accumulation N, --max-grad-norm X, --lr X, --seed N,
+//! --gradient-checkpointing P (none, all, every-<k>), --plain.
 
 mod backend;
 
@@ -171,6 +172,9 @@ fn parse_args() -> Result<Args, String> {
             "--max-grad-norm" => args.config.max_grad_norm = Some(number(value()?)?),
             "--lr" => args.lr = number(value()?)?,
             "--seed" => args.config.seed = number(value()?)? as u64,
+            "--gradient-checkpointing" => {
+                args.config.gradient_checkpointing = value()?.parse().map_err(|e| format!("{e}"))?
+            }
             "--plain" => args.plain = true,
             other => return Err(format!("unknown option '{other}' (see the file's header)")),
         }

@@ -10,9 +10,8 @@ use crate::{BlockKind, CheckpointPolicy};
 const DEFAULT_STREAM: u64 = 0x5EED_B10C_4A11_0C8E;
 
 struct Scope {
-    /// `None` outside [`with_policy`]: every wrapper is recomputed (like calling
-    /// `torch.utils.checkpoint` directly).
-    policy: Option<CheckpointPolicy>,
+    /// The policy of the innermost [`with_policy`]; `none` outside any.
+    policy: CheckpointPolicy,
     next_block: usize,
     in_recomputed_region: bool,
     stream: u64,
@@ -21,7 +20,7 @@ struct Scope {
 thread_local! {
     static SCOPE: RefCell<Scope> = const {
         RefCell::new(Scope {
-            policy: None,
+            policy: CheckpointPolicy::None,
             next_block: 0,
             in_recomputed_region: false,
             stream: DEFAULT_STREAM,
@@ -32,11 +31,13 @@ thread_local! {
 /// Runs `forward` with `policy` deciding which wrapped blocks are recomputed. Blocks are
 /// counted from 0 for `every-<k>`. Nested calls apply the inner policy inside.
 ///
-/// Outside any `with_policy`, every wrapper is recomputed.
+/// Outside any `with_policy` nothing is recomputed: a model whose blocks are `Checkpointed`
+/// trains as usual until a policy turns checkpointing on (like HF's
+/// `gradient_checkpointing_enable()`; the Accelerator sets its config's policy).
 pub fn with_policy<R>(policy: CheckpointPolicy, forward: impl FnOnce() -> R) -> R {
     let saved = SCOPE.with_borrow_mut(|s| {
         let saved = (s.policy, s.next_block);
-        s.policy = Some(policy);
+        s.policy = policy;
         s.next_block = 0;
         saved
     });
@@ -46,9 +47,9 @@ pub fn with_policy<R>(policy: CheckpointPolicy, forward: impl FnOnce() -> R) -> 
     forward()
 }
 
-/// The policy in force on this thread (`all` outside [`with_policy`]).
+/// The policy in force on this thread (`none` outside [`with_policy`]).
 pub fn current_policy() -> CheckpointPolicy {
-    SCOPE.with_borrow(|s| s.policy.unwrap_or(CheckpointPolicy::All))
+    SCOPE.with_borrow(|s| s.policy)
 }
 
 /// Restarts this thread's block seed stream from `seed`.
@@ -71,9 +72,7 @@ pub(crate) fn decide(kind: BlockKind) -> bool {
         if kind == BlockKind::Block {
             s.next_block += 1;
         }
-        s.policy
-            .unwrap_or(CheckpointPolicy::All)
-            .checkpoints(kind, index)
+        s.policy.checkpoints(kind, index)
     })
 }
 
@@ -129,19 +128,21 @@ mod tests {
             (0..4).map(|_| decide(BlockKind::Block)).collect::<Vec<_>>()
         });
         assert_eq!(picks, [true, false, true, false]);
-        // A new scope restarts the count; outside any scope everything is recomputed.
+        // A new scope restarts the count; outside any scope nothing is recomputed.
         assert!(with_policy(every2, || decide(BlockKind::Block)));
-        assert!(decide(BlockKind::Cheap));
-        assert_eq!(current_policy(), CheckpointPolicy::All);
+        assert!(!decide(BlockKind::Block));
+        assert_eq!(current_policy(), CheckpointPolicy::None);
     }
 
     #[test]
     fn nested_wrappers_in_a_recomputed_block_run_plain_and_state_is_restored() {
-        {
-            let _g = enter_block(Some(1), true);
-            assert!(!decide(BlockKind::Block));
-        }
-        assert!(decide(BlockKind::Block));
+        with_policy(CheckpointPolicy::All, || {
+            {
+                let _g = enter_block(Some(1), true);
+                assert!(!decide(BlockKind::Block));
+            }
+            assert!(decide(BlockKind::Block));
+        });
     }
 
     #[test]

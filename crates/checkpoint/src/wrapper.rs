@@ -21,22 +21,25 @@ use crate::scope;
 /// block.
 ///
 /// Whether a given call is recomputed is decided by the [`CheckpointPolicy`] in force
-/// ([`with_policy`]; the Accelerator sets it from its config). Randomness inside the block
+/// ([`with_policy`]; the Accelerator sets it from its config); outside any policy the block
+/// runs plain, so wrapping makes a model *checkpointable* without changing how it trains. Randomness inside the block
 /// (dropout) replays identically: the block seeds the backend from a per-call seed before it
 /// runs, both times. On a backend without autodiff the block simply runs.
 ///
 /// ```
-/// use afterburner_checkpoint::Checkpointed;
+/// use afterburner_checkpoint::{CheckpointPolicy, Checkpointed, with_policy};
 /// use burn::backend::{Autodiff, Flex};
 /// use burn::nn::{Linear, LinearConfig};
 /// use burn::tensor::Tensor;
 ///
 /// type B = Autodiff<Flex>;
-/// afterburner_checkpoint::enable::<B>();
+/// afterburner_checkpoint::enable::<B>(); // once per backend (the Accelerator does it)
 /// let device = Default::default();
 /// let block = Checkpointed::new(LinearConfig::new(4, 4).init::<B>(&device));
 /// let x = Tensor::<B, 2>::ones([2, 4], &device).require_grad();
-/// let y = block.forward(x.clone(), |linear: &Linear<B>, x| linear.forward(x).tanh());
+/// let y = with_policy(CheckpointPolicy::All, || {
+///     block.forward(x.clone(), |linear: &Linear<B>, x| linear.forward(x).tanh())
+/// });
 /// let grads = y.sum().backward();
 /// assert!(x.grad(&grads).is_some());
 /// assert!(block.block.weight.grad(&grads).is_some());

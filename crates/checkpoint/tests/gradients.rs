@@ -127,9 +127,42 @@ fn parameter_free_checkpoint_matches() {
         flat(x.grad(&grads).unwrap())
     };
     let wrapped = {
-        let y = checkpoint(BlockKind::Cheap, x.clone(), f);
+        let y = with_policy(CheckpointPolicy::Selective, || {
+            checkpoint(BlockKind::Cheap, x.clone(), f)
+        });
         let grads = loss(y).backward();
         flat(x.grad(&grads).unwrap())
     };
     assert!(max_rel(&wrapped, &plain) <= 1e-6);
+}
+
+#[test]
+fn the_policy_decides_which_blocks_recompute() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let _lock = rng_lock();
+    enable::<B>();
+    let device = Default::default();
+    let net = Net::<B>::new(4, 8, 0.0, &device);
+    // Forward + recompute calls of the block closures under each policy, 4 blocks.
+    let calls_under = |policy: CheckpointPolicy| {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let x = input(&device).require_grad();
+        let y = with_policy(policy, || {
+            net.blocks.iter().fold(x.clone(), |x, block| {
+                let calls = calls.clone();
+                block.forward(x, move |m: &common::Mlp<B>, x| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    m.forward(x)
+                })
+            })
+        });
+        let _ = y.sum().backward();
+        calls.load(Ordering::SeqCst)
+    };
+    assert_eq!(calls_under(CheckpointPolicy::None), 4);
+    assert_eq!(calls_under(CheckpointPolicy::All), 8);
+    assert_eq!(calls_under("every-2".parse().unwrap()), 6);
+    // The blocks are `Block`s: `selective` recomputes only `Cheap` parts.
+    assert_eq!(calls_under(CheckpointPolicy::Selective), 4);
 }

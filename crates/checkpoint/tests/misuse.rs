@@ -7,7 +7,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use afterburner_checkpoint::{Balanced, CheckpointPolicy, Checkpointed, enable, is_balanced};
+use afterburner_checkpoint::{
+    Balanced, CheckpointPolicy, Checkpointed, enable, is_balanced, with_policy,
+};
 use burn::backend::Flex;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;
@@ -39,7 +41,8 @@ fn a_captured_tracked_tensor_falls_back_to_the_plain_forward() {
         let captured = scale.clone();
         let f = move |l: &Linear<B>, x| l.forward(x) * captured.clone();
         let y = if wrapped {
-            Checkpointed::new(linear.clone()).forward(x.clone(), f)
+            let block = Checkpointed::new(linear.clone());
+            with_policy(CheckpointPolicy::All, || block.forward(x.clone(), f))
         } else {
             f(&linear, x.clone())
         };
@@ -63,7 +66,10 @@ fn a_backend_not_enabled_runs_plain_with_correct_gradients() {
     let device = Default::default();
     let linear: Linear<Bal> = initialised(LinearConfig::new(8, 8).init(&device));
     let x = Tensor::<Bal, 2>::ones([2, 8], &device).require_grad();
-    let y = Checkpointed::new(linear.clone()).forward(x.clone(), |l: &Linear<Bal>, x| l.forward(x));
+    let block = Checkpointed::new(linear.clone());
+    let y = with_policy(CheckpointPolicy::All, || {
+        block.forward(x.clone(), |l: &Linear<Bal>, x| l.forward(x))
+    });
     let grads = y.sum().backward();
     assert!(linear.weight.val().grad(&grads).is_some());
     assert!(x.grad(&grads).is_some());
@@ -78,7 +84,7 @@ fn a_panic_in_the_recompute_reaches_the_caller() {
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();
     let x = Tensor::<B, 2>::ones([2, 8], &device).require_grad();
-    let y = afterburner_checkpoint::with_policy(CheckpointPolicy::All, || {
+    let y = with_policy(CheckpointPolicy::All, || {
         Checkpointed::new(linear).forward(x.clone(), move |l: &Linear<B>, x| {
             if counter.fetch_add(1, Ordering::SeqCst) == 1 {
                 panic!("block failed while recomputing");

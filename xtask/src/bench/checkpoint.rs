@@ -68,8 +68,18 @@ struct Row {
 
 /// Runs the suite on the inner backend `I` (`Autodiff<I>`, and `Balanced<I>` for "balanced").
 pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
+    let models: &[Model] = match o.models.as_str() {
+        "all" => &[Model::Transformer, Model::Vit],
+        "transformer" => &[Model::Transformer],
+        "vit" => &[Model::Vit],
+        other => {
+            return Err(format!(
+                "unknown --models '{other}'; valid: transformer, vit, all"
+            ));
+        }
+    };
     let mut rows = Vec::new();
-    for model in [Model::Transformer, Model::Vit] {
+    for &model in models {
         let mut best: Vec<Option<Measured>> = vec![None; POLICIES.len()];
         for round in 0..o.rounds {
             for k in 0..POLICIES.len() {

@@ -21,6 +21,8 @@ pub struct Options {
     pub batch_size: usize,
     pub rounds: usize,
     pub out: String,
+    /// Models of the checkpoint suite: "transformer", "vit" or "all".
+    pub models: String,
 }
 
 /// What the command line set; the rest comes from each suite's defaults.
@@ -33,6 +35,7 @@ struct Given {
     batch_size: Option<usize>,
     rounds: Option<usize>,
     out: Option<String>,
+    models: Option<String>,
 }
 
 /// A suite's defaults: (steps, warmup, batch size, rounds).
@@ -41,7 +44,8 @@ const PRECISION_DEFAULTS: Defaults = (60, 5, 64, 3);
 const CHECKPOINT_DEFAULTS: Defaults = (4, 2, 32, 2);
 
 pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|all] \
-[--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR]";
+[--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
+[--models transformer|vit|all (checkpoint suite)]";
 
 fn parse(args: &[String]) -> Result<Given, String> {
     let mut g = Given::default();
@@ -62,6 +66,7 @@ fn parse(args: &[String]) -> Result<Given, String> {
             "--batch-size" => g.batch_size = num()?,
             "--rounds" => g.rounds = num()?,
             "--out" => g.out = Some(value.clone()),
+            "--models" => g.models = Some(value.clone()),
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
@@ -77,6 +82,7 @@ impl Given {
             batch_size: self.batch_size.unwrap_or(batch_size),
             rounds: self.rounds.unwrap_or(rounds),
             out: self.out.clone().unwrap_or_else(|| "bench-results".into()),
+            models: self.models.clone().unwrap_or_else(|| "all".into()),
         }
     }
 }
