@@ -156,49 +156,57 @@ fn recompute<B: AutodiffBackend>(
         .spawn(move || nested_backward::<B>(state, grad, sender))
         .unwrap_or_else(|e| panic!("afterburner-checkpoint: cannot start a recompute thread: {e}"));
 
-    let mut delivered = Vec::with_capacity(tracked.len());
-    let mut pending = tracked.len();
-    while pending > 0 {
+    let mut received = Received::<Inner<B>> {
+        tracked: &tracked,
+        delivered: Vec::with_capacity(tracked.len()),
+        pending: tracked.len(),
+    };
+    while received.pending > 0 {
         match receiver.recv_timeout(HELPER_POLL) {
-            Ok((slot, grad)) => {
-                pending -= 1;
-                let node = tracked.iter().find(|(s, _)| *s == slot).map(|(_, n)| *n);
-                if let (Some(node), Some(grad)) = (node, grad) {
-                    delivered.push((node, grad));
-                }
-            }
+            Ok(delivery) => received.accept(delivery),
             Err(RecvTimeoutError::Timeout) if !helper.is_finished() => {}
             Err(_) => match helper.join() {
                 // The block panicked while recomputing: the panic goes on here, like an error
                 // raised in PyTorch's recompute.
                 Err(payload) => std::panic::resume_unwind(payload),
+                // It ended normally: whatever it sent is in the channel.
                 Ok(()) => {
-                    drain_or_fail::<Inner<B>>(&receiver, &tracked, &mut delivered, &mut pending);
+                    while let Ok(delivery) = receiver.try_recv() {
+                        received.accept(delivery);
+                    }
+                    if received.pending > 0 {
+                        panic!(
+                            "afterburner-checkpoint: the recompute ended without delivering \
+                             every gradient"
+                        );
+                    }
                     break;
                 }
             },
         }
     }
     // The helper is not joined: it finishes its nested cleanup once the outer backward ends.
-    delivered
+    received.delivered
 }
 
-/// The helper ended normally: whatever it sent is in the channel; anything missing is a bug.
-fn drain_or_fail<I: Backend>(
-    receiver: &mpsc::Receiver<Delivery<I>>,
-    tracked: &[(usize, NodeId)],
-    delivered: &mut Vec<(NodeId, FloatTensor<I>)>,
-    pending: &mut usize,
-) {
-    while let Ok((slot, grad)) = receiver.try_recv() {
-        *pending -= 1;
-        let node = tracked.iter().find(|(s, _)| *s == slot).map(|(_, n)| *n);
+/// Gradients received so far from a recompute, under the outer nodes they belong to.
+struct Received<'a, I: Backend> {
+    tracked: &'a [(usize, NodeId)],
+    delivered: Vec<(NodeId, FloatTensor<I>)>,
+    pending: usize,
+}
+
+impl<I: Backend> Received<'_, I> {
+    fn accept(&mut self, (slot, grad): Delivery<I>) {
+        self.pending = self.pending.saturating_sub(1);
+        let node = self
+            .tracked
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map(|(_, n)| *n);
         if let (Some(node), Some(grad)) = (node, grad) {
-            delivered.push((node, grad));
+            self.delivered.push((node, grad));
         }
-    }
-    if *pending > 0 {
-        panic!("afterburner-checkpoint: the recompute ended without delivering every gradient");
     }
 }
 
