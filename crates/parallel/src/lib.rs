@@ -1,6 +1,27 @@
-//! Data parallel training for Burn: a process-group interface (rank, world size,
-//! collectives) over burn-collective (threads in one process) and MPI (processes and nodes),
-//! DDP and FSDP strategies, a distributed sampler and a launcher.
+//! Data parallel training for [Burn](https://burn.dev): one model replica per device,
+//! gradients averaged across replicas.
 //!
-//! Not built yet: this crate is empty until its issue ("Multi-device and multi-node data
-//! parallel") lands. It holds no API today, on purpose.
+//! - [`ProcessGroup`]: rank, world size and collectives (all_reduce, broadcast, all_gather,
+//!   reduce_scatter, barrier) over 1-D tensors; engines implement it.
+//! - [`LocalGroup`] + [`launch`]: the in-process engine, one worker thread per device,
+//!   collectives by `burn-collective`, with a failure record and a watchdog so a failing or
+//!   hanging worker makes every other one return an error instead of blocking forever.
+//! - [`Ddp`]: rank 0's parameters at setup, one gradient all-reduce per optimizer step.
+//! - [`DistributedSampler`]: disjoint, shuffled per-rank shards.
+//!
+//! Not built yet (see issue "DDP and FSDP"): FSDP sharding, the MPI engine for processes and
+//! nodes, the Accelerator's `devices` / `strategy` settings, metric gathering.
+
+mod ddp;
+mod error;
+mod group;
+mod launch;
+mod local;
+mod sampler;
+
+pub use ddp::Ddp;
+pub use error::ParallelError;
+pub use group::{ProcessGroup, ReduceOp};
+pub use launch::{LaunchConfig, launch};
+pub use local::LocalGroup;
+pub use sampler::DistributedSampler;

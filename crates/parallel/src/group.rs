@@ -1,0 +1,82 @@
+//! The process-group interface every engine implements.
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use crate::ParallelError;
+
+/// How values are combined across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise mean over the ranks.
+    Mean,
+}
+
+/// A group of `world_size` ranks that run the same program and exchange 1-D float tensors
+/// (reshape to and from what you need). Every rank must call the same collectives in the same
+/// order with matching lengths; a rank that fails makes the others' calls return an error.
+///
+/// Engines: [`LocalGroup`](crate::LocalGroup) (threads of one process, burn-collective). A
+/// multi-process engine (MPI) and a GPU engine (NCCL) implement the same trait.
+pub trait ProcessGroup<B: Backend>: Send {
+    /// This rank, from 0.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Combines `tensor` across ranks; every rank gets the result.
+    fn all_reduce(&self, tensor: Tensor<B, 1>, op: ReduceOp)
+    -> Result<Tensor<B, 1>, ParallelError>;
+
+    /// Rank `root` sends `tensor` (it must be `Some` there and `None` elsewhere); every rank
+    /// gets it.
+    fn broadcast(
+        &self,
+        tensor: Option<Tensor<B, 1>>,
+        root: usize,
+    ) -> Result<Tensor<B, 1>, ParallelError>;
+
+    /// Every rank's `tensor`, in rank order, on every rank (lengths may differ by rank).
+    fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
+        let mut mine = Some(tensor);
+        (0..self.world_size())
+            .map(|root| {
+                let sent = if root == self.rank() {
+                    mine.take()
+                } else {
+                    None
+                };
+                self.broadcast(sent, root)
+            })
+            .collect()
+    }
+
+    /// Reduces `tensor` (same length on every rank, a multiple of `world_size`) and returns
+    /// this rank's equal chunk of the result.
+    fn reduce_scatter(
+        &self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        let [len] = tensor.dims();
+        let world = self.world_size();
+        if !len.is_multiple_of(world) {
+            return Err(ParallelError::Mismatch {
+                rank: self.rank(),
+                reason: format!("reduce_scatter of {len} values over {world} ranks"),
+            });
+        }
+        let chunk = len / world;
+        let start = self.rank() * chunk;
+        Ok(self.all_reduce(tensor, op)?.narrow(0, start, chunk))
+    }
+
+    /// Returns once every rank has called it.
+    fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
+        self.all_reduce(Tensor::zeros([1], device), ReduceOp::Sum)
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,180 @@
+//! [`launch`]: one worker thread per device, like Lightning Fabric's `launch`.
+
+use std::fmt::Display;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::Backend;
+use burn_collective::{CollectiveConfig, PeerId};
+
+use crate::ParallelError;
+use crate::local::{Health, LocalGroup};
+
+/// Settings of [`launch`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LaunchConfig {
+    /// How long a collective may wait for the other ranks before the whole launch fails
+    /// (a peer that hangs or never calls). Default 300 s.
+    pub timeout: Duration,
+}
+
+impl Default for LaunchConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How often the watchdog looks at the ranks.
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(20);
+
+/// Runs `worker` once per device, each on its own thread with a [`LocalGroup`] of rank `i`,
+/// and returns their results in rank order.
+///
+/// If a worker returns an error or panics, the others' collectives fail at once with
+/// [`ParallelError::PeerFailed`] (their pending calls are unblocked), and `launch` returns
+/// that error; a collective that waits longer than `config.timeout` fails the same way with
+/// [`ParallelError::Timeout`]. Never a hang: after a failure `launch` waits at most
+/// `config.timeout` for the workers to return.
+///
+/// `B` is the backend the collectives run on: the *inner* backend of an autodiff training
+/// backend (`Flex` for `Autodiff<Flex>`). One launch per backend type runs at a time in a
+/// process (burn-collective keeps one server per backend); concurrent calls wait their turn.
+pub fn launch<B, R, E, F>(
+    devices: Vec<B::Device>,
+    config: LaunchConfig,
+    worker: F,
+) -> Result<Vec<R>, ParallelError>
+where
+    B: Backend,
+    R: Send + 'static,
+    E: Display,
+    F: Fn(LocalGroup<B>) -> Result<R, E> + Send + Sync + 'static,
+{
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let world = devices.len();
+    if world == 0 {
+        return Err(ParallelError::InvalidConfig {
+            field: "devices",
+            value: "[]".into(),
+            expected: "at least one device",
+        });
+    }
+    burn_collective::reset_collective::<B>();
+    let health = Arc::new(Health::new(world, burn_collective::reset_collective::<B>));
+    let worker = Arc::new(worker);
+    let (done_tx, done) = mpsc::channel();
+    for (rank, device) in devices.into_iter().enumerate() {
+        let (shared, worker, done_tx) = (health.clone(), worker.clone(), done_tx.clone());
+        let spawned = thread::Builder::new()
+            .name(format!("afterburner-rank-{rank}"))
+            .spawn(move || {
+                let result = run_worker(rank, world, device, &shared, &*worker);
+                let _ = done_tx.send((rank, result));
+            });
+        if let Err(e) = spawned {
+            health.fail(ParallelError::PeerFailed {
+                rank,
+                reason: format!("cannot start its thread: {e}"),
+            });
+        }
+    }
+    drop(done_tx);
+    collect(world, &health, config.timeout, done)
+}
+
+/// Registers the rank, runs the worker, and reports its outcome to the group.
+fn run_worker<B, R, E, F>(
+    rank: usize,
+    world: usize,
+    device: B::Device,
+    health: &Arc<Health>,
+    worker: &F,
+) -> Option<R>
+where
+    B: Backend,
+    E: Display,
+    F: Fn(LocalGroup<B>) -> Result<R, E>,
+{
+    let peer = PeerId(rank as u32);
+    let config = CollectiveConfig::default().with_num_devices(world);
+    if let Err(e) = burn_collective::register::<B>(peer, device.clone(), config) {
+        health.fail(health.failure().unwrap_or(ParallelError::Collective {
+            op: "register",
+            rank,
+            reason: format!("{e:?}"),
+        }));
+        return None;
+    }
+    let group = LocalGroup::new(rank, world, device, health.clone());
+    let outcome = catch_unwind(AssertUnwindSafe(|| worker(group)));
+    let failure = match outcome {
+        Ok(Ok(value)) => {
+            if health.failure().is_none() {
+                let _ = burn_collective::finish_collective::<B>(peer);
+            }
+            return Some(value);
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            format!("panicked: {message}")
+        }
+    };
+    health.fail(ParallelError::PeerFailed {
+        rank,
+        reason: failure,
+    });
+    None
+}
+
+/// Waits for the workers (watching for timeouts) and returns their results or the failure.
+fn collect<R>(
+    world: usize,
+    health: &Health,
+    timeout: Duration,
+    done: mpsc::Receiver<(usize, Option<R>)>,
+) -> Result<Vec<R>, ParallelError> {
+    let mut results: Vec<Option<R>> = (0..world).map(|_| None).collect();
+    let mut finished = 0;
+    let mut give_up_at: Option<Instant> = None;
+    while finished < world {
+        health.check_timeouts(timeout);
+        if health.failure().is_some() && give_up_at.is_none() {
+            give_up_at = Some(Instant::now() + timeout);
+        }
+        if give_up_at.is_some_and(|t| Instant::now() > t) {
+            break; // a worker is stuck outside any collective: leave it, report the failure
+        }
+        match done.recv_timeout(WATCHDOG_PERIOD) {
+            Ok((rank, result)) => {
+                results[rank] = result;
+                finished += 1;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    if let Some(failure) = health.failure() {
+        return Err(failure);
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| {
+            r.ok_or(ParallelError::PeerFailed {
+                rank,
+                reason: "returned no result".into(),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,61 @@
+//! The in-process engine's collectives give the same values on every rank.
+
+use afterburner_parallel::{LaunchConfig, ProcessGroup, ReduceOp, launch};
+use burn::backend::Flex;
+use burn::tensor::Tensor;
+
+fn values(t: Tensor<Flex, 1>) -> Vec<f32> {
+    t.into_data().to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn all_reduce_broadcast_gather_scatter_barrier() {
+    let results =
+        launch::<Flex, _, String, _>(vec![Default::default(); 3], LaunchConfig::default(), |g| {
+            let device = *g.device();
+            let r = g.rank() as f32;
+            let mine = Tensor::<Flex, 1>::from_floats([r, 10.0 * r, 1.0, 2.0, 3.0, 4.0], &device);
+            let sum = values(
+                g.all_reduce(mine.clone(), ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?,
+            );
+            let mean = values(
+                g.all_reduce(mine.clone(), ReduceOp::Mean)
+                    .map_err(|e| e.to_string())?,
+            );
+            let root = (g.rank() == 2).then(|| Tensor::from_floats([7.0, 8.0], &device));
+            let bcast = values(g.broadcast(root, 2).map_err(|e| e.to_string())?);
+            // Rank r sends r + 1 values.
+            let short = Tensor::<Flex, 1>::ones([g.rank() + 1], &device).mul_scalar(r);
+            let gathered: Vec<Vec<f32>> = g
+                .all_gather(short)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(values)
+                .collect();
+            let scattered = values(
+                g.reduce_scatter(mine, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?,
+            );
+            g.barrier(&device).map_err(|e| e.to_string())?;
+            Ok((sum, mean, bcast, gathered, scattered))
+        })
+        .unwrap();
+    for (rank, (sum, mean, bcast, gathered, scattered)) in results.into_iter().enumerate() {
+        assert_eq!(sum, [3.0, 30.0, 3.0, 6.0, 9.0, 12.0]);
+        assert_eq!(mean, [1.0, 10.0, 1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(bcast, [7.0, 8.0]);
+        assert_eq!(
+            gathered,
+            vec![vec![0.0], vec![1.0, 1.0], vec![2.0, 2.0, 2.0]]
+        );
+        assert_eq!(scattered, sum[2 * rank..2 * rank + 2].to_vec());
+    }
+}
+
+#[test]
+fn no_devices_is_a_named_error() {
+    let err =
+        launch::<Flex, (), String, _>(vec![], LaunchConfig::default(), |_| Ok(())).unwrap_err();
+    assert!(err.to_string().contains("devices"), "{err}");
+}

@@ -1,0 +1,219 @@
+//! DDP on 2 CPU workers equals single-device training on the combined batch.
+
+use afterburner_parallel::{Ddp, LaunchConfig, ProcessGroup, launch};
+use burn::backend::{Autodiff, Flex};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
+
+type B = Autodiff<Flex>;
+const STEPS: usize = 5;
+const BATCH: usize = 8; // per worker; the single-device run uses 2 x BATCH
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    fc1: Linear<B>,
+    act: Relu,
+    fc2: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(seed: u64, device: &B::Device) -> Self {
+        B::seed(device, seed);
+        let m = Self {
+            fc1: LinearConfig::new(6, 16).init(device),
+            act: Relu::new(),
+            fc2: LinearConfig::new(16, 3).init(device),
+        };
+        let _ = params(&m); // initialise lazy parameters now
+        m
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.fc2.forward(self.act.forward(self.fc1.forward(x)))
+    }
+}
+
+fn params<B: Backend, M: Module<B>>(m: &M) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.0.extend(
+                p.val()
+                    .into_data()
+                    .convert::<f32>()
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
+        }
+    }
+    let mut c = Collect(Vec::new());
+    m.visit(&mut c);
+    c.0
+}
+
+/// Fixed data: per step, 2 x BATCH rows of 6 features and 3 targets.
+fn data() -> Vec<(Vec<f32>, Vec<f32>)> {
+    let device = Default::default();
+    Flex::seed(&device, 99);
+    (0..STEPS)
+        .map(|_| {
+            let x =
+                Tensor::<Flex, 2>::random([2 * BATCH, 6], Distribution::Normal(0.0, 1.0), &device);
+            let y =
+                Tensor::<Flex, 2>::random([2 * BATCH, 3], Distribution::Normal(0.0, 1.0), &device);
+            (
+                x.into_data().to_vec().unwrap(),
+                y.into_data().to_vec().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn rows(values: &[f32], cols: usize, from: usize, n: usize) -> Tensor<B, 2> {
+    let slice = values[from * cols..(from + n) * cols].to_vec();
+    Tensor::from_data(
+        burn::tensor::TensorData::new(slice, [n, cols]),
+        &Default::default(),
+    )
+}
+
+/// Mean squared error of `model` on rows `from..from + n` of a step's data, times `scale`.
+fn loss(
+    model: &Mlp<B>,
+    step: &(Vec<f32>, Vec<f32>),
+    from: usize,
+    n: usize,
+    scale: f64,
+) -> Tensor<B, 1> {
+    let out = model.forward(rows(&step.0, 6, from, n));
+    (out - rows(&step.1, 3, from, n))
+        .powi_scalar(2)
+        .mean()
+        .mul_scalar(scale)
+}
+
+fn single_device() -> Vec<f32> {
+    let mut model = Mlp::<B>::new(1, &Default::default());
+    let mut optim = SgdConfig::new().init();
+    for step in &data() {
+        let grads =
+            GradientsParams::from_grads(loss(&model, step, 0, 2 * BATCH, 1.0).backward(), &model);
+        model = optim.step(0.1, model, grads);
+    }
+    params(&model)
+}
+
+/// Adds `b`'s gradients into `a` (in the model's visit order).
+fn accumulate(model: &Mlp<B>, a: &mut GradientsParams, mut b: GradientsParams) {
+    struct Add<'a> {
+        a: &'a mut GradientsParams,
+        b: &'a mut GradientsParams,
+    }
+    impl ModuleVisitor<B> for Add<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.b.remove::<Flex, D>(p.id) {
+                let sum = match self.a.remove::<Flex, D>(p.id) {
+                    Some(old) => old + g,
+                    None => g,
+                };
+                self.a.register::<Flex, D>(p.id, sum);
+            }
+        }
+    }
+    model.visit(&mut Add { a, b: &mut b });
+}
+
+/// 2 workers, each with its half of every batch split into `micro` micro-batches; returns
+/// every rank's final parameters and gradient all-reduce count.
+fn data_parallel(micro: usize) -> Vec<(Vec<f32>, u64)> {
+    let data = data();
+    // Built here, not in the workers: Flex has one process-wide RNG, which concurrent workers
+    // would draw from in any order. Rank 1 starts from other weights: setup must give it
+    // rank 0's.
+    let initial = [
+        Mlp::<B>::new(1, &Default::default()),
+        Mlp::<B>::new(1000, &Default::default()),
+    ];
+    launch::<Flex, _, String, _>(
+        vec![Default::default(); 2],
+        LaunchConfig::default(),
+        move |group| {
+            let rank = group.rank();
+            let mut ddp = Ddp::<B, _>::new(group);
+            let mut model = ddp
+                .setup(initial[rank].clone())
+                .map_err(|e| e.to_string())?;
+            let mut optim = SgdConfig::new().init();
+            let per_micro = BATCH / micro;
+            for step in &data {
+                let mut grads = GradientsParams::new();
+                for m in 0..micro {
+                    let from = rank * BATCH + m * per_micro;
+                    let l = loss(&model, step, from, per_micro, 1.0 / micro as f64);
+                    let g = GradientsParams::from_grads(l.backward(), &model);
+                    accumulate(&model, &mut grads, g);
+                }
+                ddp.sync_gradients(&model, &mut grads)
+                    .map_err(|e| e.to_string())?;
+                model = optim.step(0.1, model, grads);
+            }
+            Ok((params(&model.valid()), ddp.all_reduce_count()))
+        },
+    )
+    .unwrap()
+}
+
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Flex's RNG is process-wide: the tests of this file take turns.
+fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn two_workers_equal_one_device_on_the_double_batch() {
+    let _rng = rng_lock();
+    let reference = single_device();
+    let ranks = data_parallel(1);
+    assert_eq!(ranks[0].0, ranks[1].0, "replicas must be identical");
+    let err = max_rel(&ranks[0].0, &reference);
+    println!(
+        "DDP 2 x {BATCH} vs 1 x {}: max relative difference {err:e}",
+        2 * BATCH
+    );
+    assert!(err <= 1e-5, "{err}");
+    assert_eq!(ranks[0].1, STEPS as u64);
+    assert_ne!(
+        params(&Mlp::<B>::new(1, &Default::default())),
+        reference,
+        "training moved"
+    );
+}
+
+#[test]
+fn accumulation_syncs_once_per_step_with_the_same_result() {
+    let _rng = rng_lock();
+    let reference = single_device();
+    let ranks = data_parallel(4);
+    assert_eq!(ranks[0].0, ranks[1].0);
+    for (rank, (_, count)) in ranks.iter().enumerate() {
+        assert_eq!(
+            *count, STEPS as u64,
+            "rank {rank}: one all-reduce per optimizer step"
+        );
+    }
+    let err = max_rel(&ranks[0].0, &reference);
+    println!(
+        "DDP 2 x (4 x {}) vs 1 x {}: max relative difference {err:e}",
+        BATCH / 4,
+        2 * BATCH
+    );
+    assert!(err <= 1e-5, "{err}");
+}
