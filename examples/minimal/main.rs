@@ -101,7 +101,7 @@ fn train_accelerated(
     let device = device();
     let mut acc = Accelerator::<B>::new(args.config.clone(), backend::device())?; // (1)
     let model = VitConfig::new().init::<B>(&device);
-    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init()); // (2)
+    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init())?; // (2)
     let loader = acc.dataloader(train, BATCHER, args.batch_size)?; // (3)
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut lr = args.lr;

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
+use afterburner_parallel::{Ddp, LaunchConfig, ProcessGroup};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -16,7 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{Batcher, DataLoader, DataProgress};
 use crate::rng::derive_seed;
-use crate::{AccelerateError, AcceleratorConfig};
+use crate::{AccelerateError, AcceleratorConfig, Strategy};
+
+/// The process group of a distributed Accelerator, on the training backend's inner backend.
+pub type Group<B> = Box<dyn ProcessGroup<<B as AutodiffBackend>::InnerBackend>>;
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
@@ -62,7 +66,7 @@ pub enum StepOutcome {
 ///
 /// ```ignore
 /// let mut acc = Accelerator::<B>::new(config, device)?;
-/// let (mut model, mut optim) = acc.setup(model, optim);
+/// let (mut model, mut optim) = acc.setup(model, optim)?;
 /// for batch in acc.dataloader(items, batcher, 64)?.epoch(epoch) {
 ///     let logits = acc.forward(&model, batch.images, |m, x| m.forward(x));
 ///     let loss = CrossEntropyLossConfig::new().init(&device).forward(logits, batch.labels);
@@ -82,12 +86,78 @@ pub struct Accelerator<B: AutodiffBackend> {
     unscaled: Option<GradSummary>,
     clipped: bool,
     last: StepOutcome,
+    /// Data parallel state under `strategy = "ddp"`.
+    ddp: Option<Ddp<B, Group<B>>>,
+    /// Whether the pending gradients were all-reduced in this cycle.
+    synced: bool,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
     /// Checks the config and the backend's dtype support, and seeds the backend RNG with
     /// `config.seed` (so a model built next is reproducible).
     pub fn new(config: AcceleratorConfig, device: B::Device) -> Result<Self, AccelerateError> {
+        if config.strategy != Strategy::SingleDevice {
+            return Err(AccelerateError::invalid(
+                "strategy",
+                config.strategy,
+                "single-device for Accelerator::new; start ddp with Accelerator::launch",
+            ));
+        }
+        Self::build(config, device, None)
+    }
+
+    /// One rank of a data-parallel run over `group` (any engine); [`launch`](Self::launch)
+    /// calls it for each in-process worker. Needs `strategy = "ddp"`.
+    pub fn with_group(
+        config: AcceleratorConfig,
+        device: B::Device,
+        group: Group<B>,
+    ) -> Result<Self, AccelerateError> {
+        if config.strategy != Strategy::Ddp {
+            return Err(AccelerateError::invalid(
+                "strategy",
+                config.strategy,
+                "ddp for a multi-device run",
+            ));
+        }
+        Self::build(config, device, Some(Ddp::new(group)))
+    }
+
+    /// Runs `worker` once per device, each on its own thread with an Accelerator of that rank
+    /// (`strategy = "ddp"`), like Fabric's `launch`; returns their results in rank order. A
+    /// worker that errors, panics or hangs in a collective makes the others fail too, within
+    /// `collective_timeout_s`: never a hang.
+    ///
+    /// Flex keeps one RNG per process: build the model before `launch` (or on rank 0 only:
+    /// `setup` broadcasts rank 0's parameters).
+    pub fn launch<R, F>(
+        config: AcceleratorConfig,
+        devices: Vec<B::Device>,
+        worker: F,
+    ) -> Result<Vec<R>, AccelerateError>
+    where
+        R: Send + 'static,
+        F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
+    {
+        config.validate()?;
+        let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
+        let results = afterburner_parallel::launch::<B::InnerBackend, _, AccelerateError, _>(
+            devices,
+            LaunchConfig { timeout },
+            move |group| {
+                let device = group.device().clone();
+                let acc = Self::with_group(config.clone(), device, Box::new(group))?;
+                worker(acc)
+            },
+        )?;
+        Ok(results)
+    }
+
+    fn build(
+        config: AcceleratorConfig,
+        device: B::Device,
+        ddp: Option<Ddp<B, Group<B>>>,
+    ) -> Result<Self, AccelerateError> {
         config.validate()?;
         config.precision.check_backend::<B>(&device)?;
         let scaler = if config.precision.needs_loss_scaling() {
@@ -123,6 +193,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
             unscaled: None,
             clipped: false,
             last: StepOutcome::Idle,
+            ddp,
+            synced: false,
         })
     }
 
@@ -144,14 +216,66 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// Moves the model to the device, initialises every lazy parameter, and for the `*-true`
     /// modes casts it to the half dtype. The optimizer is returned as is: Burn optimizers
     /// create their state from the gradients, so it follows the parameters' dtype (f32 master
-    /// state for the mixed modes).
-    pub fn setup<M: AutodiffModule<B>, O>(&self, model: M, optimizer: O) -> (M, O) {
-        (self.setup_model(model), optimizer)
+    /// state for the mixed modes). Under DDP every rank gets rank 0's parameters.
+    pub fn setup<M: AutodiffModule<B>, O>(
+        &self,
+        model: M,
+        optimizer: O,
+    ) -> Result<(M, O), AccelerateError> {
+        Ok((self.setup_model(model)?, optimizer))
     }
 
     /// The model half of [`setup`](Self::setup).
-    pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> M {
-        self.to_param_dtype(model.fork(&self.device))
+    pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
+        let model = self.to_param_dtype(model.fork(&self.device));
+        match &self.ddp {
+            Some(ddp) => Ok(ddp.setup(model)?),
+            None => Ok(model),
+        }
+    }
+
+    /// This process's rank (0 on a single device).
+    pub fn rank(&self) -> usize {
+        self.ddp.as_ref().map_or(0, |d| d.group().rank())
+    }
+
+    /// The number of ranks (1 on a single device).
+    pub fn world_size(&self) -> usize {
+        self.ddp.as_ref().map_or(1, |d| d.group().world_size())
+    }
+
+    /// True on rank 0, the rank that logs and writes files.
+    pub fn is_main_process(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// Gradient all-reduces so far (one per optimizer step under DDP; 0 on a single device).
+    pub fn gradient_all_reduces(&self) -> u64 {
+        self.ddp.as_ref().map_or(0, Ddp::all_reduce_count)
+    }
+
+    /// Waits until every rank gets here (a no-op on a single device).
+    pub fn barrier(&self) -> Result<(), AccelerateError> {
+        match &self.ddp {
+            Some(ddp) => Ok(ddp.group().barrier(&self.device)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Under DDP, averages the pending gradients across ranks, once per cycle (before any
+    /// unscaling or clipping, so every rank sees the same gradients and takes the same step).
+    fn all_reduce_pending<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+    ) -> Result<(), AccelerateError> {
+        if self.synced {
+            return Ok(());
+        }
+        if let (Some(ddp), Some(grads)) = (self.ddp.as_mut(), self.pending.as_mut()) {
+            ddp.sync_gradients(model, grads)?;
+        }
+        self.synced = true;
+        Ok(())
     }
 
     /// Initialises lazy parameters and casts them to the policy's parameter dtype.
@@ -163,7 +287,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
         }
     }
 
-    /// A training loader on this device, shuffled from the config's seed. The Accelerator
+    /// A training loader on this device, shuffled from the config's seed (under DDP, this
+    /// rank's shard of every epoch). The Accelerator
     /// follows its progress: accumulation flushes at the end of each epoch and the position
     /// is saved with [`save_state`](Self::save_state). Use [`DataLoader::new`] for eval data.
     pub fn dataloader<I: Clone, Bt: Batcher<B, I>>(
@@ -179,7 +304,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
             self.device.clone(),
             self.progress.clone(),
         )?
-        .shuffle(self.config.seed))
+        .shuffle(self.config.seed)
+        .shard(self.rank(), self.world_size()))
     }
 
     /// Runs `forward(model, input)` under the precision policy: inputs' float tensors are cast
@@ -311,6 +437,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 "a finite number > 0",
             ));
         }
+        self.all_reduce_pending(model)?;
         let Some(summary) = self.unscale_pending(model, true) else {
             return Err(AccelerateError::Usage(
                 "clip_grad_norm() called with no pending gradients: call backward() first".into(),
@@ -350,6 +477,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             return Ok(model);
         }
         let want_norm = self.config.max_grad_norm.is_some();
+        self.all_reduce_pending(&model)?;
         let summary = self.unscale_pending(&model, want_norm);
         let mut grads = self.pending.take().unwrap_or_default();
         if let (Some(scaler), Some(s)) = (&mut self.scaler, summary)
@@ -385,6 +513,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// Clears the cycle and re-seeds the backend RNG for the next one, from (seed, cycle).
     fn end_cycle(&mut self) {
+        self.synced = false;
         self.pending = None;
         self.unscaled = None;
         self.clipped = false;

@@ -2,7 +2,10 @@
 
 use afterburner_checkpoint::CheckpointPolicy;
 use afterburner_precision::{GradScalerConfig, Precision};
-use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::AccelerateError;
 
@@ -27,6 +30,62 @@ pub struct AcceleratorConfig {
     /// (default), `true` / "all", "every-<k>", "selective", or "balanced" (Burn's
     /// `BalancedCheckpointing` backend, which the backend type must then be).
     pub gradient_checkpointing: CheckpointPolicy,
+    /// How training is spread over devices: "single-device" (default) or "ddp" (one replica
+    /// per device, gradients averaged each optimizer step; run through
+    /// [`Accelerator::launch`](crate::Accelerator::launch)).
+    pub strategy: Strategy,
+    /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
+    pub collective_timeout_s: f64,
+}
+
+/// How training is spread over devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// One device, no collectives.
+    #[default]
+    SingleDevice,
+    /// Distributed data parallel: a whole replica per device, gradients all-reduced (mean)
+    /// once per optimizer step, rank 0's parameters broadcast at setup.
+    Ddp,
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::SingleDevice => "single-device",
+            Self::Ddp => "ddp",
+        })
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = AccelerateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "single-device" | "single_device" | "single" => Ok(Self::SingleDevice),
+            "ddp" => Ok(Self::Ddp),
+            _ => Err(AccelerateError::invalid(
+                "strategy",
+                s,
+                "one of: single-device, ddp",
+            )),
+        }
+    }
+}
+
+impl Serialize for Strategy {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Strategy {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 impl Default for AcceleratorConfig {
@@ -38,6 +97,8 @@ impl Default for AcceleratorConfig {
             seed: 42,
             grad_scaler: GradScalerConfig::default(),
             gradient_checkpointing: CheckpointPolicy::None,
+            strategy: Strategy::SingleDevice,
+            collective_timeout_s: 300.0,
         }
     }
 }
@@ -59,6 +120,13 @@ impl AcceleratorConfig {
                 "max_grad_norm",
                 norm,
                 "a finite number > 0, or none",
+            ));
+        }
+        if !(self.collective_timeout_s.is_finite() && self.collective_timeout_s > 0.0) {
+            return Err(AccelerateError::invalid(
+                "collective_timeout_s",
+                self.collective_timeout_s,
+                "a finite number of seconds > 0",
             ));
         }
         self.grad_scaler.validate()?;

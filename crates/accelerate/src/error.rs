@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
 use afterburner_checkpoint::CheckpointError;
+use afterburner_parallel::ParallelError;
 use afterburner_precision::PrecisionError;
 use thiserror::Error;
 
@@ -13,6 +14,9 @@ pub enum AccelerateError {
     /// An activation-checkpointing problem (bad policy, policy and backend disagree).
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A multi-device problem (a peer failed or hung, ranks disagree).
+    #[error(transparent)]
+    Parallel(#[from] ParallelError),
     /// A config field out of range.
     #[error("invalid {field} = {value}: expected {expected}")]
     InvalidConfig {

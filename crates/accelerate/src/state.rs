@@ -63,6 +63,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// `dir`, replacing an earlier state there atomically. Errors in the middle of an
     /// accumulation cycle (the pending gradients would be lost) and if `dir` exists but is not
     /// a state directory (it is never overwritten then).
+    ///
+    /// Under DDP, rank 0 writes (every replica is identical) and every rank waits until it has.
     pub fn save_state<M, O, S>(
         &self,
         dir: impl AsRef<Path>,
@@ -75,7 +77,27 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        let dir = dir.as_ref();
+        let written = if self.is_main_process() {
+            self.write_state(dir.as_ref(), model, optimizer, scheduler)
+        } else {
+            Ok(())
+        };
+        self.barrier()?;
+        written
+    }
+
+    fn write_state<M, O, S>(
+        &self,
+        dir: &Path,
+        model: &M,
+        optimizer: &O,
+        scheduler: &S,
+    ) -> Result<(), AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
         if self.pending_micro_batches() > 0 {
             return Err(AccelerateError::Usage(format!(
                 "save_state() in the middle of an accumulation cycle would lose {} pending \

@@ -26,7 +26,7 @@ const BATCHER: ImageBatcher = ImageBatcher {
 /// the flattened parameters and the optimizer steps taken.
 fn train(micro: usize, steps: usize, n_items: usize) -> (Vec<f32>, Vec<f32>, u64) {
     let mut acc = accelerator(steps);
-    let (mut model, mut optim) = acc.setup(vit(9), SgdConfig::new().init());
+    let (mut model, mut optim) = acc.setup(vit(9), SgdConfig::new().init()).unwrap();
     let initial = flatten(&params(&model));
     let items = digits::load().unwrap()[..n_items].to_vec();
     let loader = acc.dataloader(items, BATCHER, micro).unwrap();
@@ -89,7 +89,7 @@ fn epoch_end_flushes_a_short_cycle_with_its_mean() {
 fn step_before_backward_is_a_usage_error() {
     let _rng = rng_lock();
     let mut acc = accelerator(2);
-    let (model, mut optim) = acc.setup(vit(1), SgdConfig::new().init());
+    let (model, mut optim) = acc.setup(vit(1), SgdConfig::new().init()).unwrap();
     let err = acc
         .step(model, &mut optim, &mut 0.1)
         .err()

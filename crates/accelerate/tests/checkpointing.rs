@@ -24,7 +24,7 @@ fn train_vit(precision: Precision, policy: CheckpointPolicy) -> Vec<f32> {
     let mut acc = Accelerator::<B>::new(config, Default::default()).unwrap();
     <B as burn::tensor::backend::Backend>::seed(&Default::default(), 21);
     let model = tiny_vit().with_dropout(0.1).init::<B>(&Default::default());
-    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init());
+    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init()).unwrap();
     let batcher = ImageBatcher {
         channels: 1,
         height: 8,
@@ -66,7 +66,7 @@ fn train_vit_other_seed(precision: Precision) -> Vec<f32> {
     let mut acc = Accelerator::<B>::new(config, Default::default()).unwrap();
     <B as burn::tensor::backend::Backend>::seed(&Default::default(), 21);
     let model = tiny_vit().with_dropout(0.1).init::<B>(&Default::default());
-    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init());
+    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init()).unwrap();
     let batch = digits_batch(0, 16);
     for _ in 0..6 {
         let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
@@ -94,7 +94,7 @@ fn transformer_gradients_match_under_every_policy() {
             .with_vocab_size(13)
             .with_max_seq_len(6)
             .init::<B>(&device);
-        let model = acc.setup_model(model);
+        let model = acc.setup_model(model).unwrap();
         let tokens: Tensor<B, 2, Int> =
             Tensor::<B, 2>::random([3, 6], Distribution::Uniform(0.0, 13.0), &device).int();
         let logits = acc.forward(&model, (), |m, ()| m.forward(tokens.clone()));

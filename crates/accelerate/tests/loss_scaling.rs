@@ -44,7 +44,7 @@ fn f16_accelerator(growth_interval: u32) -> Accelerator<B> {
 fn overflow_skips_step_and_scheduler_and_halves_scale() {
     let _rng = rng_lock();
     let mut acc = f16_accelerator(2000);
-    let (mut model, mut optim) = acc.setup(vit(2), AdamConfig::new().init());
+    let (mut model, mut optim) = acc.setup(vit(2), AdamConfig::new().init()).unwrap();
     let mut lr = CountingLr(0);
     let batch = digits_batch(0, 16);
     assert_eq!(acc.loss_scale(), Some(65536.0));
@@ -87,7 +87,7 @@ fn overflow_skips_step_and_scheduler_and_halves_scale() {
 fn scale_grows_after_the_interval() {
     let _rng = rng_lock();
     let mut acc = f16_accelerator(3);
-    let (mut model, mut optim) = acc.setup(vit(2), AdamConfig::new().init());
+    let (mut model, mut optim) = acc.setup(vit(2), AdamConfig::new().init()).unwrap();
     let batch = digits_batch(0, 8);
     for step in 1..=3 {
         let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));

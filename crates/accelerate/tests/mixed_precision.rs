@@ -22,7 +22,7 @@ fn accelerator(precision: &str) -> Accelerator<B> {
 /// Gradients of the ViT's parameters on one digits batch under `precision`.
 fn vit_grads(precision: &str) -> (Vec<Vec<f32>>, afterburner::models::Vit<B>) {
     let acc = accelerator(precision);
-    let model = acc.setup_model(vit(7));
+    let model = acc.setup_model(vit(7)).unwrap();
     let batch = digits_batch(0, 32);
     let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
     assert_eq!(logits.dtype(), DType::F32, "outputs come back in f32");
@@ -83,7 +83,7 @@ fn f16_mixed_gradients_match_f32() {
 fn repeated_passes_each_reach_the_master() {
     let _rng = rng_lock();
     let acc = accelerator("bf16-mixed");
-    let model = acc.setup_model(vit(3));
+    let model = acc.setup_model(vit(3)).unwrap();
     let batch = digits_batch(0, 8);
     let mut runs = Vec::new();
     for _ in 0..3 {
@@ -101,7 +101,7 @@ fn repeated_passes_each_reach_the_master() {
 fn backward_without_model_gradients_is_an_error() {
     let _rng = rng_lock();
     let mut acc = accelerator("bf16-mixed");
-    let model = acc.setup_model(vit(3));
+    let model = acc.setup_model(vit(3)).unwrap();
     let stranger = LinearConfig::new(4, 1).init::<B>(&Default::default());
     let loss = stranger
         .forward(Tensor::<B, 2>::ones([2, 4], &Default::default()))
@@ -143,7 +143,7 @@ fn embedding_and_attention_models_train_in_bf16() {
     let target = Tensor::<B, 2>::random([4, 3], Distribution::Normal(0.0, 1.0), &device);
     let grads_under = |precision: &str| {
         let acc = accelerator(precision);
-        let model = acc.setup_model(model.clone());
+        let model = acc.setup_model(model.clone()).unwrap();
         let out = acc.forward(&model, tokens.clone(), |m, t| m.forward(t));
         let loss = (out - target.clone()).powi_scalar(2).mean();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -188,7 +188,7 @@ fn true_modes_keep_half_parameters_through_a_step() {
     let _rng = rng_lock();
     for (precision, dtype) in [("bf16-true", DType::BF16), ("16-true", DType::F16)] {
         let mut acc = accelerator(precision);
-        let (mut model, mut optim) = acc.setup(vit(1), SgdConfig::new().init());
+        let (mut model, mut optim) = acc.setup(vit(1), SgdConfig::new().init()).unwrap();
         assert!(params(&model).iter().all(|(_, d, _)| *d == dtype));
         let before = flatten(&params(&model));
         let batch = digits_batch(0, 16);

@@ -44,7 +44,7 @@ fn fresh(model_seed: u64) -> Run {
     let acc = Accelerator::new(config(), Default::default()).unwrap();
     <B as burn::tensor::backend::Backend>::seed(&Default::default(), model_seed);
     let model = tiny_vit().with_dropout(0.1).init::<B>(&Default::default());
-    let (model, optim) = acc.setup(model, AdamConfig::new().init());
+    let (model, optim) = acc.setup(model, AdamConfig::new().init()).unwrap();
     let lr = LinearLrSchedulerConfig::new(1e-2, 1e-3, 10).init().unwrap();
     Run {
         acc,

@@ -80,3 +80,30 @@ pub trait ProcessGroup<B: Backend>: Send {
             .map(|_| ())
     }
 }
+
+/// A boxed group is a group (so code can hold `Box<dyn ProcessGroup<B>>` of any engine).
+impl<B: Backend, G: ProcessGroup<B> + ?Sized> ProcessGroup<B> for Box<G> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+
+    fn all_reduce(
+        &self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        (**self).all_reduce(tensor, op)
+    }
+
+    fn broadcast(
+        &self,
+        tensor: Option<Tensor<B, 1>>,
+        root: usize,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        (**self).broadcast(tensor, root)
+    }
+}

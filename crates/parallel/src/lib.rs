@@ -24,4 +24,4 @@ pub use error::ParallelError;
 pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch};
 pub use local::LocalGroup;
-pub use sampler::DistributedSampler;
+pub use sampler::{DistributedSampler, shard};

@@ -67,23 +67,32 @@ impl DistributedSampler {
         if let Some(seed) = self.seed {
             shuffle(&mut order, seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         }
-        let total = self.num_samples() * self.world_size;
-        if total > self.len && !order.is_empty() {
-            let pad: Vec<usize> = order
-                .iter()
-                .copied()
-                .cycle()
-                .take(total - self.len)
-                .collect();
-            order.extend(pad);
-        }
-        order.truncate(total);
-        order
-            .into_iter()
-            .skip(self.rank)
-            .step_by(self.world_size)
-            .collect()
+        shard(order, self.rank, self.world_size, self.drop_last)
     }
+}
+
+/// `rank`'s share of `order` (the same order on every rank): every `world_size`-th item from
+/// position `rank`, after padding `order` by repeating its start to a multiple of
+/// `world_size` (or trimming it, with `drop_last`), so every rank gets as many items.
+pub fn shard(mut order: Vec<usize>, rank: usize, world_size: usize, drop_last: bool) -> Vec<usize> {
+    let world_size = world_size.max(1);
+    let per_rank = if drop_last {
+        order.len() / world_size
+    } else {
+        order.len().div_ceil(world_size)
+    };
+    let total = per_rank * world_size;
+    if total > order.len() && !order.is_empty() {
+        let pad: Vec<usize> = order
+            .iter()
+            .copied()
+            .cycle()
+            .take(total - order.len())
+            .collect();
+        order.extend(pad);
+    }
+    order.truncate(total);
+    order.into_iter().skip(rank).step_by(world_size).collect()
 }
 
 /// Fisher-Yates with a xorshift64* generator seeded from `seed`.

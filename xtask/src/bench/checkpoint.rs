@@ -189,7 +189,9 @@ where
     F: FnMut(&Accelerator<B>, &M, usize) -> Tensor<B, 1>,
 {
     let device = acc.device().clone();
-    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init());
+    let (mut model, mut optim) = acc
+        .setup(model, AdamWConfig::new().init())
+        .map_err(|e| e.to_string())?;
     let grad_bytes = model.num_params() * 4;
     let mut lr = 1e-4;
     let (mut time, mut peak, mut final_loss) = (Duration::ZERO, 0, f64::NAN);

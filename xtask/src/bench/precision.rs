@@ -85,7 +85,9 @@ fn accelerated<B: AutodiffBackend>(
     };
     let mut acc = Accelerator::<B>::new(config, device.clone()).map_err(|e| e.to_string())?;
     let model = VitConfig::new().init::<B>(device);
-    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init());
+    let (mut model, mut optim) = acc
+        .setup(model, AdamWConfig::new().init())
+        .map_err(|e| e.to_string())?;
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut lr = 1e-3;
     let mut start = Instant::now();

@@ -56,6 +56,8 @@ pub struct DataLoader<B: Backend, I, Bt> {
     batch_size: usize,
     shuffle_seed: Option<u64>,
     drop_last: bool,
+    /// `(rank, world_size)`: this loader yields only the rank's share of each epoch.
+    shard: Option<(usize, usize)>,
     device: B::Device,
     progress: Arc<Mutex<DataProgress>>,
 }
@@ -95,6 +97,7 @@ impl<B: Backend, I: Clone, Bt> DataLoader<B, I, Bt> {
             batch_size,
             shuffle_seed: None,
             drop_last: false,
+            shard: None,
             device,
             progress,
         })
@@ -104,6 +107,22 @@ impl<B: Backend, I: Clone, Bt> DataLoader<B, I, Bt> {
     pub fn shuffle(mut self, seed: u64) -> Self {
         self.shuffle_seed = Some(seed);
         self
+    }
+
+    /// Yields only `rank`'s share of each epoch's (shuffled) order, like PyTorch's
+    /// `DistributedSampler`: every `world_size`-th item, the order padded by repeating its
+    /// start so every rank gets as many items. The Accelerator sets this under DDP.
+    pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
+        self.shard = (world_size > 1).then_some((rank, world_size));
+        self
+    }
+
+    /// Items this loader yields per epoch (its share under [`shard`](Self::shard)).
+    fn items_per_epoch(&self) -> usize {
+        match self.shard {
+            Some((_, world)) => self.items.len().div_ceil(world),
+            None => self.items.len(),
+        }
     }
 
     /// Drops the last batch when it is smaller than `batch_size`.
@@ -125,9 +144,9 @@ impl<B: Backend, I: Clone, Bt> DataLoader<B, I, Bt> {
     /// Batches per epoch.
     pub fn num_batches(&self) -> usize {
         if self.drop_last {
-            self.items.len() / self.batch_size
+            self.items_per_epoch() / self.batch_size
         } else {
-            self.items.len().div_ceil(self.batch_size)
+            self.items_per_epoch().div_ceil(self.batch_size)
         }
     }
 
@@ -141,6 +160,10 @@ impl<B: Backend, I: Clone, Bt> DataLoader<B, I, Bt> {
         let order = match self.shuffle_seed {
             Some(seed) => permutation(self.items.len(), derive_seed(seed, 0xDA7A, epoch as u64)),
             None => (0..self.items.len()).collect(),
+        };
+        let order = match self.shard {
+            Some((rank, world)) => afterburner_parallel::shard(order, rank, world, false),
+            None => order,
         };
         EpochIter {
             loader: self,

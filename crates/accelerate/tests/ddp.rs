@@ -1,0 +1,105 @@
+//! DDP through the Accelerator: `Accelerator::launch` with 2 CPU workers, accumulation 2,
+//! sharded data, equals one device on the double batch; one gradient all-reduce per
+//! optimizer step; a failing worker stops the run.
+
+mod common;
+
+use afterburner::data::{ImageBatcher, digits};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use burn::optim::SgdConfig;
+use common::*;
+
+const BATCHER: ImageBatcher = ImageBatcher {
+    channels: 1,
+    height: 8,
+    width: 8,
+};
+
+fn config(strategy: Strategy) -> AcceleratorConfig {
+    AcceleratorConfig {
+        strategy,
+        gradient_accumulation_steps: 2,
+        max_grad_norm: Some(1.0),
+        ..Default::default()
+    }
+}
+
+/// Trains the tiny ViT for one epoch of 96 digits in micro-batches of `batch`; returns the
+/// parameters, optimizer steps and gradient all-reduces.
+fn train(
+    acc: &mut Accelerator<B>,
+    model: afterburner::models::Vit<B>,
+    batch: usize,
+) -> Result<(Vec<f32>, u64, u64), AccelerateError> {
+    let (mut model, mut optim) = acc.setup(model, SgdConfig::new().init())?;
+    let items = digits::load()?[..96].to_vec();
+    let loader = acc.dataloader(items, BATCHER, batch)?;
+    for batch in loader.epoch(0) {
+        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        acc.backward(cross_entropy(logits, &batch), &model)?;
+        model = acc.step(model, &mut optim, &mut 0.5)?;
+    }
+    Ok((
+        flatten(&params(&model)),
+        acc.counters().optimizer_steps,
+        acc.gradient_all_reduces(),
+    ))
+}
+
+#[test]
+fn two_workers_equal_one_device_and_sync_once_per_step() {
+    let _rng = rng_lock();
+    let mut single =
+        Accelerator::<B>::new(config(Strategy::SingleDevice), Default::default()).unwrap();
+    let (reference, steps, _) = train(&mut single, vit(5), 16).unwrap();
+    assert_eq!(steps, 3);
+
+    // Built before launch (Flex has one RNG per process); rank 1 starts from other weights.
+    let initial = [vit(5), vit(6)];
+    let ranks = Accelerator::<B>::launch(
+        config(Strategy::Ddp),
+        vec![Default::default(); 2],
+        move |mut acc| {
+            let model = initial[acc.rank()].clone();
+            train(&mut acc, model, 8)
+        },
+    )
+    .unwrap();
+    assert_eq!(ranks[0].0, ranks[1].0, "replicas must stay identical");
+    for (rank, (_, steps, all_reduces)) in ranks.iter().enumerate() {
+        assert_eq!(*steps, 3, "rank {rank}");
+        assert_eq!(
+            *all_reduces, 3,
+            "rank {rank}: one all-reduce per optimizer step, not per micro-batch"
+        );
+    }
+    let err = max_rel(&ranks[0].0, &reference, 1e-3);
+    println!("DDP 2 x 8 (accumulation 2) vs 1 x 16: parameters max relative diff {err:e}");
+    assert!(err <= 1e-5, "{err}");
+}
+
+#[test]
+fn a_failing_worker_fails_the_launch_and_strategies_are_checked() {
+    let _rng = rng_lock();
+    let err = Accelerator::<B>::launch(
+        config(Strategy::Ddp),
+        vec![Default::default(); 2],
+        |acc| -> Result<(), AccelerateError> {
+            if acc.rank() == 1 {
+                return Err(AccelerateError::Usage("rank 1 gives up".into()));
+            }
+            loop {
+                acc.barrier()?;
+            }
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("rank 1 gives up"), "{err}");
+
+    let err = Accelerator::<B>::new(config(Strategy::Ddp), Default::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("strategy"), "{err}");
+    let err = "fsdpp".parse::<Strategy>().unwrap_err().to_string();
+    assert!(err.contains("fsdpp") && err.contains("ddp"), "{err}");
+}
