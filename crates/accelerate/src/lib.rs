@@ -13,7 +13,10 @@
 //! - [`checkpoint`]: re-export of `afterburner-checkpoint` (`Checkpointed` blocks and the
 //!   policies behind the config's `gradient_checkpointing`).
 //!
-//! Multi-device strategies, Local SGD and the Trainer come in their own crates and issues.
+//! - [`parallel`]: re-export of `afterburner-parallel`; `strategy = "ddp"` with
+//!   [`Accelerator::launch`] trains one replica per device.
+//!
+//! FSDP, multi-process runs, Local SGD and the Trainer come in their own crates and issues.
 
 mod accelerator;
 mod config;

@@ -9,8 +9,8 @@
 //! - [`Ddp`]: rank 0's parameters at setup, one gradient all-reduce per optimizer step.
 //! - [`DistributedSampler`]: disjoint, shuffled per-rank shards.
 //!
-//! Not built yet (see issue "DDP and FSDP"): FSDP sharding, the MPI engine for processes and
-//! nodes, the Accelerator's `devices` / `strategy` settings, metric gathering.
+//! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
+//! Not built yet: FSDP sharding, the MPI engine for processes and nodes, metric gathering.
 
 mod ddp;
 mod error;
