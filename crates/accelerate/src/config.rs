@@ -27,7 +27,7 @@ pub struct AcceleratorConfig {
     /// Loss-scaler settings, used by "16-mixed" only. Default: PyTorch's.
     pub grad_scaler: GradScalerConfig,
     /// Activation checkpointing of the model's `Checkpointed` blocks: `false` / "none"
-    /// (default), `true` / "all", "every-<k>", "selective", or "balanced" (Burn's
+    /// (default), `true` / "all", `"every-<k>"`, "selective", or "balanced" (Burn's
     /// `BalancedCheckpointing` backend, which the backend type must then be).
     pub gradient_checkpointing: CheckpointPolicy,
     /// How training is spread over devices: "single-device" (default) or "ddp" (one replica

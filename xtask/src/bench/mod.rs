@@ -141,6 +141,24 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
     }
 }
 
+/// Prints the markdown table and writes `<out>/<suite>-<backend>.{json,md}`.
+fn write_report<T: serde::Serialize>(
+    o: &Options,
+    suite: &str,
+    rows: &[T],
+    md: &str,
+) -> Result<(), String> {
+    println!("{md}");
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("creating {}: {e}", o.out))?;
+    let base = format!("{}/{suite}-{}", o.out, o.backend);
+    let json = serde_json::to_string_pretty(rows).map_err(|e| e.to_string())?;
+    std::fs::write(format!("{base}.json"), json)
+        .map_err(|e| format!("writing {base}.json: {e}"))?;
+    std::fs::write(format!("{base}.md"), md).map_err(|e| format!("writing {base}.md: {e}"))?;
+    eprintln!("wrote {base}.json and {base}.md");
+    Ok(())
+}
+
 /// Waits for queued device work, restarts the memory peak and returns the start instant.
 fn start_timing<B: AutodiffBackend>(device: &B::Device) -> Instant {
     B::sync(device).ok();

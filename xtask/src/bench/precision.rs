@@ -197,13 +197,5 @@ fn write_results(o: &Options, rows: &[Row]) -> Result<(), String> {
             (plain.steps_per_s / acc.steps_per_s - 1.0) * 100.0
         );
     }
-    println!("{md}");
-    std::fs::create_dir_all(&o.out).map_err(|e| format!("creating {}: {e}", o.out))?;
-    let base = format!("{}/precision-{}", o.out, o.backend);
-    let json = serde_json::to_string_pretty(rows).map_err(|e| e.to_string())?;
-    std::fs::write(format!("{base}.json"), json)
-        .map_err(|e| format!("writing {base}.json: {e}"))?;
-    std::fs::write(format!("{base}.md"), md).map_err(|e| format!("writing {base}.md: {e}"))?;
-    eprintln!("wrote {base}.json and {base}.md");
-    Ok(())
+    super::write_report(o, "precision", rows, &md)
 }
