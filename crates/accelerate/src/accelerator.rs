@@ -254,6 +254,57 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.ddp.as_ref().map_or(0, Ddp::all_reduce_count)
     }
 
+    /// An evaluation loader: in order, not tracked for accumulation, and under DDP this rank's
+    /// shard (every `world_size`-th item, padded by repeating the first items). Pass the
+    /// per-item results to [`gather_for_metrics`](Self::gather_for_metrics).
+    pub fn eval_dataloader<I: Clone, Bt: Batcher<B, I>>(
+        &self,
+        items: Vec<I>,
+        batcher: Bt,
+        batch_size: usize,
+    ) -> Result<DataLoader<B, I, Bt>, AccelerateError> {
+        Ok(
+            DataLoader::new(items, batcher, batch_size, self.device.clone())?
+                .shard(self.rank(), self.world_size()),
+        )
+    }
+
+    /// Every rank's per-item `values` (this rank's whole [`eval_dataloader`] epoch, in its
+    /// order) gathered back into dataset order, with the padding items dropped: the result has
+    /// `dataset_len` values on every rank, like Accelerate's `gather_for_metrics`.
+    ///
+    /// [`eval_dataloader`]: Self::eval_dataloader
+    pub fn gather_for_metrics(
+        &self,
+        values: Tensor<B, 1>,
+        dataset_len: usize,
+    ) -> Result<Tensor<B, 1>, AccelerateError> {
+        let Some(ddp) = &self.ddp else {
+            let [len] = values.dims();
+            return Ok(values.narrow(0, 0, len.min(dataset_len)));
+        };
+        let world = ddp.group().world_size();
+        let parts = ddp.group().all_gather(values.inner())?;
+        let per_rank = dataset_len.div_ceil(world);
+        for (rank, part) in parts.iter().enumerate() {
+            let [len] = part.dims();
+            if len != per_rank {
+                return Err(AccelerateError::Usage(format!(
+                    "gather_for_metrics: rank {rank} gave {len} values; expected {per_rank} \
+                     (its whole eval_dataloader epoch for a dataset of {dataset_len})"
+                )));
+            }
+        }
+        // Item k of the dataset is item k / world of rank k % world: side by side, row by
+        // row, the ranks' values are in dataset order; the padding is at the end.
+        let columns = parts
+            .into_iter()
+            .map(|p| p.reshape([per_rank, 1]))
+            .collect();
+        let all = Tensor::cat(columns, 1).reshape([per_rank * world]);
+        Ok(Tensor::from_inner(all.narrow(0, 0, dataset_len)))
+    }
+
     /// Waits until every rank gets here (a no-op on a single device).
     pub fn barrier(&self) -> Result<(), AccelerateError> {
         match &self.ddp {

@@ -103,3 +103,32 @@ fn a_failing_worker_fails_the_launch_and_strategies_are_checked() {
     let err = "fsdpp".parse::<Strategy>().unwrap_err().to_string();
     assert!(err.contains("fsdpp") && err.contains("ddp"), "{err}");
 }
+
+#[test]
+fn gather_for_metrics_restores_dataset_order_without_padding() {
+    let _rng = rng_lock();
+    // 7 items over 2 ranks: rank 1's shard is padded with item 0.
+    let gathered =
+        Accelerator::<B>::launch(config(Strategy::Ddp), vec![Default::default(); 2], |acc| {
+            let items: Vec<usize> = (0..7).collect();
+            let loader = acc.eval_dataloader(items, IdBatcher, 3)?;
+            let mine: Vec<f32> = loader.epoch(0).flatten().collect();
+            let values =
+                burn::tensor::Tensor::<B, 1>::from_floats(mine.as_slice(), &Default::default());
+            let all = acc.gather_for_metrics(values, 7)?;
+            Ok(all.into_data().to_vec::<f32>().unwrap())
+        })
+        .unwrap();
+    let want: Vec<f32> = (0..7).map(|i| i as f32).collect();
+    assert_eq!(gathered, vec![want.clone(), want]);
+}
+
+/// Batches item ids as plain numbers.
+struct IdBatcher;
+
+impl afterburner::data::Batcher<B, usize> for IdBatcher {
+    type Output = Vec<f32>;
+    fn batch(&self, items: Vec<usize>, _device: &burn::tensor::Device<B>) -> Vec<f32> {
+        items.into_iter().map(|i| i as f32).collect()
+    }
+}
