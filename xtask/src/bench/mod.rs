@@ -3,8 +3,10 @@
 //! - `precision`: the small ViT under each precision next to the plain Burn loop.
 //! - `checkpoint`: activation checkpointing off / all / every-2 / selective / Burn's balanced,
 //!   on the 12-block transformer and on the ViT: step time and peak memory.
+//! - `ddp`: 1 vs 2 in-process workers, the gradient all-reduce's size and time.
 
 mod checkpoint;
+mod ddp;
 mod precision;
 
 use std::time::Instant;
@@ -42,8 +44,9 @@ struct Given {
 type Defaults = (usize, usize, usize, usize);
 const PRECISION_DEFAULTS: Defaults = (60, 5, 64, 3);
 const CHECKPOINT_DEFAULTS: Defaults = (4, 2, 32, 2);
+const DDP_DEFAULTS: Defaults = (10, 3, 32, 2);
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|all] \
 [--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|all (checkpoint suite)]";
 
@@ -91,13 +94,14 @@ impl Given {
 pub fn run(args: &[String]) -> Result<(), String> {
     let given = parse(args)?;
     let suite = given.suite.as_deref().unwrap_or("all");
-    let (precision, checkpoint) = match suite {
-        "all" => (true, true),
-        "precision" => (true, false),
-        "checkpoint" => (false, true),
+    let (precision, checkpoint, ddp) = match suite {
+        "all" => (true, true, true),
+        "precision" => (true, false, false),
+        "checkpoint" => (false, true, false),
+        "ddp" => (false, false, true),
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, all"
+                "unknown suite '{other}'; valid: precision, checkpoint, ddp, all"
             ));
         }
     };
@@ -109,6 +113,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let o = given.options(CHECKPOINT_DEFAULTS);
         on_backend(&o, Suite::Checkpoint)?;
     }
+    if ddp {
+        let o = given.options(DDP_DEFAULTS);
+        on_backend(&o, Suite::Ddp)?;
+    }
     Ok(())
 }
 
@@ -116,6 +124,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 enum Suite {
     Precision,
     Checkpoint,
+    Ddp,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
@@ -124,6 +133,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
             match suite {
                 Suite::Precision => precision::bench::<burn::backend::Autodiff<$inner>>(o),
                 Suite::Checkpoint => checkpoint::bench::<$inner>(o),
+                Suite::Ddp => ddp::bench::<$inner>(o),
             }
         };
     }

@@ -1,0 +1,205 @@
+//! The DDP suite: throughput of 1 vs 2 in-process CPU workers at the same global batch, the
+//! gradient all-reduce's size and time, and per-rank training-state bytes. Writes
+//! `bench-results/ddp-<backend>.{json,md}`.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
+use afterburner::models::{Vit, VitConfig};
+use afterburner::parallel::{LaunchConfig, ProcessGroup, ReduceOp};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use burn::backend::Autodiff;
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::AdamWConfig;
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use serde::Serialize;
+
+use super::Options;
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    scenario: String,
+    value: f64,
+    unit: String,
+}
+
+fn vit<B: Backend>(device: &B::Device) -> Vit<B> {
+    VitConfig::new()
+        .with_d_model(128)
+        .with_d_ff(256)
+        .with_n_layers(6)
+        .init(device)
+}
+
+/// Mean time per optimizer step of `workers` ranks sharing a global batch of `2 x batch_size`.
+fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<Duration, String> {
+    type Ad<I> = Autodiff<I>;
+    let device = I::Device::default();
+    let config = AcceleratorConfig {
+        strategy: if workers > 1 {
+            Strategy::Ddp
+        } else {
+            Strategy::SingleDevice
+        },
+        seed: 0,
+        ..Default::default()
+    };
+    I::seed(&device, 0);
+    let model = vit::<Ad<I>>(&device);
+    let items = digits::load().map_err(|e| e.to_string())?;
+    let per_rank = 2 * o.batch_size / workers;
+    let (steps, warmup) = (o.steps, o.warmup);
+    let run = move |mut acc: Accelerator<Ad<I>>| -> Result<Duration, AccelerateError> {
+        let (mut model, mut optim) = acc.setup(model.clone(), AdamWConfig::new().init())?;
+        let batcher = ImageBatcher {
+            channels: 1,
+            height: 8,
+            width: 8,
+        };
+        let mine: Vec<_> = afterburner::parallel::shard(
+            (0..items.len()).collect(),
+            acc.rank(),
+            acc.world_size(),
+            false,
+        );
+        let batches: Vec<ImageBatch<Ad<I>>> = mine
+            .chunks_exact(per_rank)
+            .take(4)
+            .map(|c| {
+                let c = c.iter().map(|&i| items[i].clone()).collect();
+                Batcher::<Ad<I>, _>::batch(&batcher, c, acc.device())
+            })
+            .collect();
+        let loss_fn = CrossEntropyLossConfig::new().init(acc.device());
+        let mut start = Instant::now();
+        for i in 0..warmup + steps {
+            if i == warmup {
+                acc.barrier()?;
+                start = Instant::now();
+            }
+            let batch = &batches[i % batches.len()];
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            acc.backward(loss_fn.forward(logits, batch.labels.clone()), &model)?;
+            model = acc.step(model, &mut optim, &mut 1e-3)?;
+        }
+        <Ad<I> as Backend>::sync(acc.device()).ok();
+        Ok(start.elapsed() / steps as u32)
+    };
+    let times = if workers > 1 {
+        Accelerator::<Ad<I>>::launch(config, vec![device; workers], run)
+    } else {
+        Accelerator::<Ad<I>>::new(config, device)
+            .and_then(run)
+            .map(|t| vec![t])
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(times.into_iter().max().unwrap_or_default())
+}
+
+/// Mean time of an all-reduce of `len` f32 across 2 in-process workers.
+fn all_reduce_time<I: Backend>(len: usize, reps: usize) -> Result<Duration, String> {
+    let times = afterburner::parallel::launch::<I, _, String, _>(
+        vec![I::Device::default(); 2],
+        LaunchConfig::default(),
+        move |g| {
+            let t = Tensor::<I, 1>::ones([len], g.device());
+            let _ = g
+                .all_reduce(t.clone(), ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let start = Instant::now();
+            for _ in 0..reps {
+                let r = g
+                    .all_reduce(t.clone(), ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                I::sync(g.device()).ok();
+                drop(r);
+            }
+            Ok(start.elapsed() / reps as u32)
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(times.into_iter().max().unwrap_or_default())
+}
+
+/// Runs the suite on the inner backend `I`.
+pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
+    let params = vit::<I>(&Default::default()).num_params();
+    let tensors = {
+        let mut n = 0;
+        struct Count<'a>(&'a mut usize);
+        impl<B: Backend> burn::module::ModuleVisitor<B> for Count<'_> {
+            fn visit_float<const D: usize>(&mut self, _: &burn::module::Param<Tensor<B, D>>) {
+                *self.0 += 1;
+            }
+        }
+        vit::<I>(&Default::default()).visit(&mut Count(&mut n));
+        n
+    };
+    let mut best = [Duration::MAX; 2];
+    for round in 0..o.rounds {
+        for k in 0..2 {
+            let workers = if round % 2 == 0 { k + 1 } else { 2 - k };
+            eprintln!("ddp round {}/{}: {workers} worker(s)", round + 1, o.rounds);
+            let t = step_time::<I>(o, workers)?;
+            best[workers - 1] = best[workers - 1].min(t);
+        }
+    }
+    let reduce = all_reduce_time::<I>(params + tensors, 20)?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let bytes_per_step = ((params + tensors) * 4) as f64;
+    let rows = vec![
+        row("1 worker, batch 2b: ms/step", ms(best[0]), "ms"),
+        row("2 workers, batch b each: ms/step", ms(best[1]), "ms"),
+        row(
+            "2 workers: speed vs 1 worker",
+            ms(best[0]) / ms(best[1]),
+            "x",
+        ),
+        row("gradient all-reduces per optimizer step", 1.0, "count"),
+        row(
+            "bytes all-reduced per step (f32 grads + flags)",
+            bytes_per_step,
+            "B",
+        ),
+        row(
+            "all_reduce of one step's gradients, 2 workers (burn-collective)",
+            ms(reduce),
+            "ms",
+        ),
+        row(
+            "per-rank params+grads+AdamW state, DDP",
+            (params * 16) as f64,
+            "B",
+        ),
+        row(
+            "same, ZeRO-3 formula 16 B/param/ranks at 2 ranks (FSDP not built yet)",
+            (params * 16 / 2) as f64,
+            "B",
+        ),
+    ];
+    let mut md = format!(
+        "DDP, backend `{}`, ViT (6 blocks, d_model 128; {params} parameters in {tensors} tensors), \
+         AdamW, global batch {}, {} timed steps after {} warm-up, best of {} rounds. Workers are \
+         threads of one process sharing the CPU cores.\n\n| measure | value | unit |\n|---|---|---|\n",
+        o.backend,
+        2 * o.batch_size,
+        o.steps,
+        o.warmup,
+        o.rounds
+    );
+    for r in &rows {
+        let _ = writeln!(md, "| {} | {:.3} | {} |", r.scenario, r.value, r.unit);
+    }
+    super::write_report(o, "ddp", &rows, &md)
+}
+
+fn row(scenario: &str, value: f64, unit: &str) -> Row {
+    Row {
+        scenario: scenario.into(),
+        value,
+        unit: unit.into(),
+    }
+}
