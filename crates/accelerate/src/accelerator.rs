@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
-use afterburner_parallel::{Ddp, LaunchConfig, ProcessGroup};
+use afterburner_parallel::{Ddp, LaunchConfig, OptimizerSharding, ProcessGroup};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -90,6 +90,8 @@ pub struct Accelerator<B: AutodiffBackend> {
     ddp: Option<Ddp<B, Group<B>>>,
     /// Whether the pending gradients were all-reduced in this cycle.
     synced: bool,
+    /// Parameter ownership under `strategy = "zero-1"` (set at the first step).
+    sharding: Option<OptimizerSharding>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -113,18 +115,18 @@ impl<B: AutodiffBackend> Accelerator<B> {
         device: B::Device,
         group: Group<B>,
     ) -> Result<Self, AccelerateError> {
-        if config.strategy != Strategy::Ddp {
+        if !config.strategy.is_distributed() {
             return Err(AccelerateError::invalid(
                 "strategy",
                 config.strategy,
-                "ddp for a multi-device run",
+                "ddp or zero-1 for a multi-device run",
             ));
         }
         Self::build(config, device, Some(Ddp::new(group)))
     }
 
     /// Runs `worker` once per device, each on its own thread with an Accelerator of that rank
-    /// (`strategy = "ddp"`), like Fabric's `launch`; returns their results in rank order. A
+    /// (`strategy = "ddp"` or `"zero-1"`), like Fabric's `launch`; returns their results in rank order. A
     /// worker that errors, panics or hangs in a collective makes the others fail too, within
     /// `collective_timeout_s`: never a hang.
     ///
@@ -195,6 +197,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             last: StepOutcome::Idle,
             ddp,
             synced: false,
+            sharding: None,
         })
     }
 
@@ -247,6 +250,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// True on rank 0, the rank that logs and writes files.
     pub fn is_main_process(&self) -> bool {
         self.rank() == 0
+    }
+
+    /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).
+    pub fn optimizer_sharding(&self) -> Option<&OptimizerSharding> {
+        self.sharding.as_ref()
     }
 
     /// Gradient all-reduces so far (one per optimizer step under DDP; 0 on a single device).
@@ -548,8 +556,18 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if summary.is_some_and(|s| !s.is_finite()) {
             tracing::warn!("non-finite gradients without loss scaling; stepping anyway");
         }
+        if self.config.strategy == Strategy::Zero1 {
+            let (rank, world) = (self.rank(), self.world_size());
+            self.sharding
+                .get_or_insert_with(|| OptimizerSharding::new(&model, rank, world))
+                .keep_owned(&model, &mut grads);
+        }
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
+        let model = match (&self.sharding, &self.ddp) {
+            (Some(sharding), Some(ddp)) => sharding.share_params(ddp.group(), model)?,
+            _ => model,
+        };
         if let Some(scaler) = &mut self.scaler {
             scaler.update(false);
         }

@@ -30,9 +30,10 @@ pub struct AcceleratorConfig {
     /// (default), `true` / "all", `"every-<k>"`, "selective", or "balanced" (Burn's
     /// `BalancedCheckpointing` backend, which the backend type must then be).
     pub gradient_checkpointing: CheckpointPolicy,
-    /// How training is spread over devices: "single-device" (default) or "ddp" (one replica
-    /// per device, gradients averaged each optimizer step; run through
-    /// [`Accelerator::launch`](crate::Accelerator::launch)).
+    /// How training is spread over devices: "single-device" (default), "ddp" (one replica
+    /// per device, gradients averaged each optimizer step) or "zero-1" (ddp with the optimizer
+    /// state split across ranks); the multi-device ones run through
+    /// [`Accelerator::launch`](crate::Accelerator::launch).
     pub strategy: Strategy,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
@@ -47,6 +48,16 @@ pub enum Strategy {
     /// Distributed data parallel: a whole replica per device, gradients all-reduced (mean)
     /// once per optimizer step, rank 0's parameters broadcast at setup.
     Ddp,
+    /// ZeRO stage 1: `Ddp`, and each rank keeps optimizer state only for the parameters it
+    /// owns (about `1 / world_size` of them); owners share new values after each step.
+    Zero1,
+}
+
+impl Strategy {
+    /// Whether the strategy runs on several ranks.
+    pub fn is_distributed(&self) -> bool {
+        !matches!(self, Self::SingleDevice)
+    }
 }
 
 impl fmt::Display for Strategy {
@@ -54,6 +65,7 @@ impl fmt::Display for Strategy {
         f.write_str(match self {
             Self::SingleDevice => "single-device",
             Self::Ddp => "ddp",
+            Self::Zero1 => "zero-1",
         })
     }
 }
@@ -65,10 +77,11 @@ impl FromStr for Strategy {
         match s.trim().to_ascii_lowercase().as_str() {
             "single-device" | "single_device" | "single" => Ok(Self::SingleDevice),
             "ddp" => Ok(Self::Ddp),
+            "zero-1" | "zero1" => Ok(Self::Zero1),
             _ => Err(AccelerateError::invalid(
                 "strategy",
                 s,
-                "one of: single-device, ddp",
+                "one of: single-device, ddp, zero-1",
             )),
         }
     }

@@ -115,10 +115,12 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
     }
 }
 
-/// All float parameters, flattened to f32 in visit order.
-struct Flatten<B: AutodiffBackend> {
-    parts: Vec<Tensor<Inner<B>, 1>>,
-    total: usize,
+/// All float parameters, flattened to f32 in visit order; with `keep`, the parameters not
+/// kept are zeros.
+pub(crate) struct Flatten<B: AutodiffBackend> {
+    pub(crate) parts: Vec<Tensor<Inner<B>, 1>>,
+    pub(crate) total: usize,
+    pub(crate) keep: Option<Vec<bool>>,
 }
 
 impl<B: AutodiffBackend> Default for Flatten<B> {
@@ -126,12 +128,13 @@ impl<B: AutodiffBackend> Default for Flatten<B> {
         Self {
             parts: Vec::new(),
             total: 0,
+            keep: None,
         }
     }
 }
 
 impl<B: AutodiffBackend> Flatten<B> {
-    fn concat(self) -> Option<Tensor<Inner<B>, 1>> {
+    pub(crate) fn concat(self) -> Option<Tensor<Inner<B>, 1>> {
         (!self.parts.is_empty()).then(|| Tensor::cat(self.parts, 0))
     }
 }
@@ -139,16 +142,22 @@ impl<B: AutodiffBackend> Flatten<B> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let value = param.val().inner();
-        self.total += value.shape().num_elements();
-        self.parts.push(value.cast(DType::F32).flatten(0, D - 1));
+        let len = value.shape().num_elements();
+        let kept = self.keep.as_ref().is_none_or(|keep| keep[self.parts.len()]);
+        self.total += len;
+        self.parts.push(if kept {
+            value.cast(DType::F32).flatten(0, D - 1)
+        } else {
+            Tensor::zeros([len], &value.device())
+        });
     }
 }
 
 /// Puts consecutive slices of `values` back into the float parameters.
-struct Unflatten<B: AutodiffBackend> {
-    values: Tensor<Inner<B>, 1>,
-    offset: usize,
-    backend: PhantomData<B>,
+pub(crate) struct Unflatten<B: AutodiffBackend> {
+    pub(crate) values: Tensor<Inner<B>, 1>,
+    pub(crate) offset: usize,
+    pub(crate) backend: PhantomData<B>,
 }
 
 impl<B: AutodiffBackend> ModuleMapper<B> for Unflatten<B> {

@@ -7,6 +7,7 @@
 //!   collectives by `burn-collective`, with a failure record and a watchdog so a failing or
 //!   hanging worker makes every other one return an error instead of blocking forever.
 //! - [`Ddp`]: rank 0's parameters at setup, one gradient all-reduce per optimizer step.
+//! - [`OptimizerSharding`]: ZeRO stage 1 on top of DDP, optimizer state split across ranks.
 //! - [`DistributedSampler`]: disjoint, shuffled per-rank shards.
 //!
 //! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
@@ -18,6 +19,7 @@ mod group;
 mod launch;
 mod local;
 mod sampler;
+mod zero;
 
 pub use ddp::Ddp;
 pub use error::ParallelError;
@@ -25,3 +27,4 @@ pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch};
 pub use local::LocalGroup;
 pub use sampler::{DistributedSampler, shard};
+pub use zero::OptimizerSharding;

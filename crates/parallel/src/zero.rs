@@ -1,0 +1,138 @@
+//! [`OptimizerSharding`]: ZeRO stage 1. Each rank keeps optimizer state only for the
+//! parameters it owns; after the step the owners share the new values.
+
+use std::marker::PhantomData;
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::ddp::{Flatten, Unflatten};
+use crate::{ParallelError, ProcessGroup, ReduceOp};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Which rank owns (steps) each float parameter, in the model's visit order: parameters go,
+/// largest first, to the rank owning the fewest values so far, so each rank holds optimizer
+/// state for about `1 / world_size` of the values.
+///
+/// Use with [`Ddp`](crate::Ddp): after the gradient all-reduce (and any clipping),
+/// [`keep_owned`](Self::keep_owned) removes the other ranks' gradients so the optimizer steps
+/// (and creates state for) this rank's parameters only; then
+/// [`share_params`](Self::share_params) gives every rank the owners' new values in one
+/// all-reduce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptimizerSharding {
+    owners: Vec<usize>,
+    sizes: Vec<usize>,
+    rank: usize,
+}
+
+impl OptimizerSharding {
+    /// Assigns the parameters of `model` to `world_size` ranks (the same on every rank).
+    pub fn new<B: AutodiffBackend, M: AutodiffModule<B>>(
+        model: &M,
+        rank: usize,
+        world_size: usize,
+    ) -> Self {
+        let mut sizes = Sizes(Vec::new());
+        model.visit(&mut sizes);
+        let sizes = sizes.0;
+        let mut by_size: Vec<usize> = (0..sizes.len()).collect();
+        by_size.sort_by_key(|&i| (std::cmp::Reverse(sizes[i]), i));
+        let mut load = vec![0usize; world_size.max(1)];
+        let mut owners = vec![0; sizes.len()];
+        for i in by_size {
+            let (least, _) = load
+                .iter()
+                .enumerate()
+                .min_by_key(|&(r, l)| (*l, r))
+                .unwrap_or((0, &0));
+            owners[i] = least;
+            load[least] += sizes[i];
+        }
+        Self {
+            owners,
+            sizes,
+            rank,
+        }
+    }
+
+    /// Values of the parameters this rank owns.
+    pub fn owned_values(&self) -> usize {
+        self.owners
+            .iter()
+            .zip(&self.sizes)
+            .filter(|&(&o, _)| o == self.rank)
+            .map(|(_, s)| s)
+            .sum()
+    }
+
+    /// Values of all parameters.
+    pub fn total_values(&self) -> usize {
+        self.sizes.iter().sum()
+    }
+
+    /// Removes from `grads` the gradients of parameters other ranks own.
+    pub fn keep_owned<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) {
+        model.visit(&mut DropOthers::<B> {
+            grads,
+            sharding: self,
+            index: 0,
+            backend: PhantomData,
+        });
+    }
+
+    /// Every rank gets each parameter's value from its owner (one all-reduce).
+    pub fn share_params<B, M, G>(&self, group: &G, model: M) -> Result<M, ParallelError>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        G: ProcessGroup<Inner<B>>,
+    {
+        let mut flat = Flatten::<B> {
+            keep: Some(self.owners.iter().map(|&o| o == self.rank).collect()),
+            ..Default::default()
+        };
+        model.visit(&mut flat);
+        let Some(mine) = flat.concat() else {
+            return Ok(model);
+        };
+        // Every value is nonzero on its owner only: the sum is the owner's value, exactly.
+        let values = group.all_reduce(mine, ReduceOp::Sum)?;
+        Ok(model.map(&mut Unflatten::<B> {
+            values,
+            offset: 0,
+            backend: PhantomData,
+        }))
+    }
+}
+
+struct Sizes(Vec<usize>);
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Sizes {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(param.val().shape().num_elements());
+    }
+}
+
+struct DropOthers<'a, B> {
+    grads: &'a mut GradientsParams,
+    sharding: &'a OptimizerSharding,
+    index: usize,
+    backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for DropOthers<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.sharding.owners.get(self.index) != Some(&self.sharding.rank) {
+            let _ = self.grads.remove::<Inner<B>, D>(param.id);
+        }
+        self.index += 1;
+    }
+}
