@@ -133,51 +133,60 @@ impl afterburner::data::Batcher<B, usize> for IdBatcher {
     }
 }
 
-/// 2 ranks, AdamW, 3 optimizer steps under `strategy`; per rank: parameters, parameters with
-/// optimizer state, values owned (zero-1).
-fn train_adamw(strategy: Strategy) -> Vec<(Vec<f32>, usize, Option<usize>)> {
+/// `world` ranks, AdamW, one epoch of 96 digits under `strategy`; per rank: parameters,
+/// parameters with optimizer state, values owned (zero-1).
+fn train_adamw(strategy: Strategy, world: usize) -> Vec<(Vec<f32>, usize, Option<usize>)> {
     use burn::optim::{AdamWConfig, Optimizer};
     let initial = vit(8);
-    Accelerator::<B>::launch(
-        config(strategy),
-        vec![Default::default(); 2],
-        move |mut acc| {
-            let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
-            let items = digits::load()?[..96].to_vec();
-            let loader = acc.dataloader(items, BATCHER, 8)?;
-            for batch in loader.epoch(0) {
-                let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
-                acc.backward(cross_entropy(logits, &batch), &model)?;
-                model = acc.step(model, &mut optim, &mut 1e-3)?;
-            }
-            let owned = acc.optimizer_sharding().map(|s| s.owned_values());
-            Ok((flatten(&params(&model)), optim.to_record().len(), owned))
-        },
-    )
+    let devices = vec![Default::default(); world];
+    Accelerator::<B>::launch(config(strategy), devices, move |mut acc| {
+        let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        let items = digits::load()?[..96].to_vec();
+        let loader = acc.dataloader(items, BATCHER, 8)?;
+        for batch in loader.epoch(0) {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, &mut optim, &mut 1e-3)?;
+        }
+        let owned = acc.optimizer_sharding().map(|s| s.owned_values());
+        Ok((flatten(&params(&model)), optim.to_record().len(), owned))
+    })
     .unwrap()
 }
 
 #[test]
-fn zero_1_equals_ddp_with_half_the_optimizer_state_per_rank() {
+fn zero_1_equals_ddp_with_1_over_n_of_the_optimizer_state_per_rank() {
     let _rng = rng_lock();
-    let ddp = train_adamw(Strategy::Ddp);
-    let zero = train_adamw(Strategy::Zero1);
     let tensors = params(&vit(8)).len();
     let values = flatten(&params(&vit(8))).len();
-    assert_eq!(zero[0].0, zero[1].0, "replicas identical");
-    assert_eq!(zero[0].0, ddp[0].0, "zero-1 takes exactly DDP's steps");
-    // DDP: every rank has state for every parameter; zero-1: each parameter on one rank.
-    assert!(ddp.iter().all(|r| r.1 == tensors));
-    assert_eq!(zero[0].1 + zero[1].1, tensors);
-    let owned: Vec<usize> = zero.iter().map(|r| r.2.unwrap()).collect();
-    assert_eq!(owned[0] + owned[1], values);
-    for (rank, v) in owned.iter().enumerate() {
-        let share = *v as f64 / values as f64;
-        println!(
-            "zero-1 rank {rank}: optimizer state for {} of {tensors} tensors, {:.1}% of {values} values",
-            zero[rank].1,
-            share * 100.0
-        );
-        assert!((0.4..=0.6).contains(&share), "rank {rank}: {share}");
+    for world in [2, 4] {
+        let ddp = train_adamw(Strategy::Ddp, world);
+        let zero = train_adamw(Strategy::Zero1, world);
+        assert!(zero.iter().all(|r| r.0 == zero[0].0), "replicas identical");
+        // Same steps as DDP. (A sum over 4 ranks is added in an order burn-collective does not
+        // fix, so at 4 ranks the last bits may differ between any two runs, DDP's too.)
+        let err = max_rel(&zero[0].0, &ddp[0].0, 1e-3);
+        println!("zero-1 vs ddp at {world} ranks: parameters max relative diff {err:e}");
+        assert!(err <= 1e-5, "world {world}: {err}");
+        if world == 2 {
+            assert_eq!(zero[0].0, ddp[0].0, "2 ranks: bitwise");
+        }
+        // DDP: every rank has state for every parameter; zero-1: each parameter on one rank.
+        assert!(ddp.iter().all(|r| r.1 == tensors));
+        assert_eq!(zero.iter().map(|r| r.1).sum::<usize>(), tensors);
+        let owned: Vec<usize> = zero.iter().map(|r| r.2.unwrap()).collect();
+        assert_eq!(owned.iter().sum::<usize>(), values);
+        for (rank, v) in owned.iter().enumerate() {
+            let share = *v as f64 * world as f64 / values as f64;
+            println!(
+                "zero-1 world {world} rank {rank}: optimizer state for {} of {tensors} tensors, \
+                 {v} of {values} values ({share:.2} x 1/N)",
+                zero[rank].1
+            );
+            assert!(
+                (0.75..=1.25).contains(&share),
+                "world {world} rank {rank}: {share}"
+            );
+        }
     }
 }
