@@ -10,8 +10,8 @@ use crate::{BlockKind, CheckpointPolicy};
 const DEFAULT_STREAM: u64 = 0x5EED_B10C_4A11_0C8E;
 
 struct Scope {
-    /// The policy of the innermost [`with_policy`]; `none` outside any.
-    policy: CheckpointPolicy,
+    /// The policy of the innermost [`with_policy`]; `None` outside any.
+    policy: Option<CheckpointPolicy>,
     next_block: usize,
     in_recomputed_region: bool,
     stream: u64,
@@ -20,7 +20,7 @@ struct Scope {
 thread_local! {
     static SCOPE: RefCell<Scope> = const {
         RefCell::new(Scope {
-            policy: CheckpointPolicy::None,
+            policy: None,
             next_block: 0,
             in_recomputed_region: false,
             stream: DEFAULT_STREAM,
@@ -37,7 +37,7 @@ thread_local! {
 pub fn with_policy<R>(policy: CheckpointPolicy, forward: impl FnOnce() -> R) -> R {
     let saved = SCOPE.with_borrow_mut(|s| {
         let saved = (s.policy, s.next_block);
-        s.policy = policy;
+        s.policy = Some(policy);
         s.next_block = 0;
         saved
     });
@@ -49,7 +49,15 @@ pub fn with_policy<R>(policy: CheckpointPolicy, forward: impl FnOnce() -> R) -> 
 
 /// The policy in force on this thread (`none` outside [`with_policy`]).
 pub fn current_policy() -> CheckpointPolicy {
-    SCOPE.with_borrow(|s| s.policy)
+    SCOPE.with_borrow(|s| s.policy.unwrap_or_default())
+}
+
+/// Whether wrapped blocks replay their randomness here: inside any [`with_policy`] (`none`
+/// included, so a run with checkpointing off draws the same as one with it on) and inside a
+/// recomputed block. Outside, a wrapper leaves the backend RNG alone, exactly like the
+/// unwrapped block.
+pub(crate) fn replays_rng() -> bool {
+    SCOPE.with_borrow(|s| s.policy.is_some() || s.in_recomputed_region)
 }
 
 /// Restarts this thread's block seed stream from `seed`.
@@ -72,7 +80,7 @@ pub(crate) fn decide(kind: BlockKind) -> bool {
         if kind == BlockKind::Block {
             s.next_block += 1;
         }
-        s.policy.checkpoints(kind, index)
+        s.policy.unwrap_or_default().checkpoints(kind, index)
     })
 }
 

@@ -22,9 +22,10 @@ use crate::scope;
 ///
 /// Whether a given call is recomputed is decided by the [`CheckpointPolicy`] in force
 /// ([`with_policy`]; the Accelerator sets it from its config); outside any policy the block
-/// runs plain, so wrapping makes a model *checkpointable* without changing how it trains. Randomness inside the block
-/// (dropout) replays identically: the block seeds the backend from a per-call seed before it
-/// runs, both times. On a backend without autodiff the block simply runs.
+/// runs plain and leaves the backend RNG alone, so wrapping makes a model *checkpointable*
+/// without changing how it trains. Randomness inside the block
+/// (dropout) replays identically: inside a policy scope the block seeds the backend from a
+/// per-call seed before it runs, both times. On a backend without autodiff the block simply runs.
 ///
 /// ```
 /// use afterburner_checkpoint::{CheckpointPolicy, Checkpointed, with_policy};
@@ -115,7 +116,7 @@ impl<B: Backend, T: Module<B>> Checkpointed<B, T> {
         let mut slots = vec![input.into_primitive().tensor()];
         self.block.visit(&mut CollectParams(&mut slots));
         let recompute = scope::decide(self.kind);
-        let seed = self.replay_rng.then(scope::next_block_seed);
+        let seed = (self.replay_rng && scope::replays_rng()).then(scope::next_block_seed);
         let apply = if recompute {
             engine::lookup::<B>()
         } else {

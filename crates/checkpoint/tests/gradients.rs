@@ -166,3 +166,26 @@ fn the_policy_decides_which_blocks_recompute() {
     // The blocks are `Block`s: `selective` recomputes only `Cheap` parts.
     assert_eq!(calls_under(CheckpointPolicy::Selective), 4);
 }
+
+#[test]
+fn outside_a_policy_wrappers_are_transparent_even_with_dropout() {
+    let _lock = rng_lock();
+    enable::<B>();
+    let device = Default::default();
+    B::seed(&device, 6);
+    let net = Net::<B>::new(3, 8, 0.3, &device);
+    let x = input(&device);
+    let run = |wrapped: bool| {
+        B::seed(&device, 9);
+        let x = x.clone().require_grad();
+        // The wrappers neither checkpoint nor touch the RNG: the same masks as the plain model.
+        let y = if wrapped {
+            net.forward(x.clone())
+        } else {
+            net.forward_unwrapped(x.clone())
+        };
+        let grads = loss(y).backward();
+        (flat(x.grad(&grads).unwrap()), param_grads(&net, &grads))
+    };
+    assert_same(&run(true), &run(false), 0.0);
+}
