@@ -65,6 +65,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// a state directory (it is never overwritten then).
     ///
     /// Under DDP, rank 0 writes (every replica is identical) and every rank waits until it has.
+    /// Under zero-1 it is refused (each rank holds part of the optimizer state).
     pub fn save_state<M, O, S>(
         &self,
         dir: impl AsRef<Path>,
@@ -77,6 +78,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        if self.config.strategy == crate::Strategy::Zero1 {
+            return Err(AccelerateError::Usage(
+                "save_state() under strategy zero-1 is not supported yet: the optimizer state \
+                 is split across ranks and a save would keep rank 0's part only; use ddp to \
+                 save resumable states"
+                    .into(),
+            ));
+        }
         let written = if self.is_main_process() {
             self.write_state(dir.as_ref(), model, optimizer, scheduler)
         } else {
