@@ -1,0 +1,114 @@
+//! The minimal example's training loop on several devices with DDP: `Accelerator::launch` runs
+//! it once per device, each rank on its shard of the data; the test accuracy is gathered from
+//! every rank's shard with `gather_for_metrics`.
+//!
+//! ```text
+//! cargo run --release --example ddp -- --workers 2 --epochs 10
+//! ```
+//! Options: --workers N (default 2; on the CPU each worker is a thread), --epochs N,
+//! --batch-size N (per worker), --strategy ddp|zero-1.
+
+#[path = "../minimal/backend.rs"]
+mod backend;
+
+use afterburner::data::{ImageBatcher, ImageItem, digits, train_test_split};
+use afterburner::models::VitConfig;
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use backend::{B, device};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::AdamWConfig;
+use burn::tensor::{ElementConversion, Tensor};
+
+const BATCHER: ImageBatcher = ImageBatcher {
+    channels: 1,
+    height: 8,
+    width: 8,
+};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (mut workers, mut epochs, mut batch_size, mut strategy) = (2, 10, 32, Strategy::Ddp);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--workers" => workers = value.parse()?,
+            "--epochs" => epochs = value.parse()?,
+            "--batch-size" => batch_size = value.parse()?,
+            "--strategy" => strategy = value.parse()?,
+            other => return Err(format!("unknown option '{other}' (see the file's header)").into()),
+        }
+    }
+    let (train, test) = train_test_split(digits::load()?, 0.2, 0);
+    let config = AcceleratorConfig {
+        strategy,
+        ..Default::default()
+    };
+    // Flex keeps one RNG per process: build the model once, before the workers start.
+    <B as burn::tensor::backend::Backend>::seed(&device(), config.seed);
+    let model = VitConfig::new().init::<B>(&device());
+    let accuracies = Accelerator::<B>::launch(config, vec![device(); workers], move |acc| {
+        train_and_evaluate(
+            acc,
+            model.clone(),
+            train.clone(),
+            test.clone(),
+            epochs,
+            batch_size,
+        )
+    })?;
+    println!(
+        "test accuracy (every rank agrees): {:.2}%",
+        accuracies[0] * 100.0
+    );
+    Ok(())
+}
+
+/// One rank: the single-device loop, then its shard of the test set, gathered.
+fn train_and_evaluate(
+    mut acc: Accelerator<B>,
+    model: afterburner::models::Vit<B>,
+    train: Vec<ImageItem>,
+    test: Vec<ImageItem>,
+    epochs: usize,
+    batch_size: usize,
+) -> Result<f64, AccelerateError> {
+    let device = acc.device().clone();
+    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init())?;
+    let loader = acc.dataloader(train, BATCHER, batch_size)?;
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut lr = 2e-3;
+    for epoch in 0..epochs {
+        let mut total = 0.0;
+        for batch in loader.epoch(epoch) {
+            let logits = acc.forward(&model, batch.images, |m, x| m.forward(x));
+            let loss = loss_fn.forward(logits, batch.labels);
+            total += loss.clone().into_scalar().elem::<f64>();
+            acc.backward(loss, &model)?;
+            model = acc.step(model, &mut optim, &mut lr)?;
+        }
+        if acc.is_main_process() {
+            println!(
+                "epoch {epoch}: rank 0 mean loss {:.4} ({} optimizer steps, {} gradient all-reduces)",
+                total / loader.num_batches() as f64,
+                acc.counters().optimizer_steps,
+                acc.gradient_all_reduces()
+            );
+        }
+    }
+    // Each rank scores its shard; gather_for_metrics puts them back in test-set order.
+    let n_test = test.len();
+    let mut correct = Vec::new();
+    for batch in acc.eval_dataloader(test, BATCHER, 256)?.epoch(0) {
+        let logits = acc.forward(&model, batch.images, |m, x| m.forward(x));
+        let hits = logits.argmax(1).reshape([-1]).equal(batch.labels).float();
+        correct.extend(
+            hits.into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap_or_default(),
+        );
+    }
+    let mine = Tensor::<B, 1>::from_floats(correct.as_slice(), &device);
+    let all = acc.gather_for_metrics(mine, n_test)?;
+    Ok(all.mean().into_scalar().elem::<f64>())
+}
