@@ -72,7 +72,7 @@ fn train_and_evaluate(
     epochs: usize,
     batch_size: usize,
 ) -> Result<f64, AccelerateError> {
-    let device = acc.device().clone();
+    let device = device();
     let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init())?;
     let loader = acc.dataloader(train, BATCHER, batch_size)?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
