@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
-use afterburner_parallel::{Ddp, LaunchConfig, OptimizerSharding, ProcessGroup};
+use afterburner_parallel::{Ddp, OptimizerSharding};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -16,11 +16,9 @@ use burn::tensor::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{Batcher, DataLoader, DataProgress};
+use crate::distributed::Group;
 use crate::rng::derive_seed;
 use crate::{AccelerateError, AcceleratorConfig, Strategy};
-
-/// The process group of a distributed Accelerator, on the training backend's inner backend.
-pub type Group<B> = Box<dyn ProcessGroup<<B as AutodiffBackend>::InnerBackend>>;
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
@@ -80,18 +78,18 @@ pub struct Accelerator<B: AutodiffBackend> {
     pub(crate) scaler: Option<GradScaler>,
     pub(crate) counters: Counters,
     pub(crate) progress: Arc<Mutex<DataProgress>>,
-    pending: Option<GradientsParams>,
+    pub(crate) pending: Option<GradientsParams>,
     micro_in_cycle: usize,
     /// Set once the pending gradients are unscaled (and their norm known).
     unscaled: Option<GradSummary>,
     clipped: bool,
     last: StepOutcome,
     /// Data parallel state under `strategy = "ddp"`.
-    ddp: Option<Ddp<B, Group<B>>>,
+    pub(crate) ddp: Option<Ddp<B, Group<B>>>,
     /// Whether the pending gradients were all-reduced in this cycle.
-    synced: bool,
+    pub(crate) synced: bool,
     /// Parameter ownership under `strategy = "zero-1"` (set at the first step).
-    sharding: Option<OptimizerSharding>,
+    pub(crate) sharding: Option<OptimizerSharding>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -108,54 +106,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Self::build(config, device, None)
     }
 
-    /// One rank of a data-parallel run over `group` (any engine); [`launch`](Self::launch)
-    /// calls it for each in-process worker. Needs `strategy = "ddp"`.
-    pub fn with_group(
-        config: AcceleratorConfig,
-        device: B::Device,
-        group: Group<B>,
-    ) -> Result<Self, AccelerateError> {
-        if !config.strategy.is_distributed() {
-            return Err(AccelerateError::invalid(
-                "strategy",
-                config.strategy,
-                "ddp or zero-1 for a multi-device run",
-            ));
-        }
-        Self::build(config, device, Some(Ddp::new(group)))
-    }
-
-    /// Runs `worker` once per device, each on its own thread with an Accelerator of that rank
-    /// (`strategy = "ddp"` or `"zero-1"`), like Fabric's `launch`; returns their results in rank order. A
-    /// worker that errors, panics or hangs in a collective makes the others fail too, within
-    /// `collective_timeout_s`: never a hang.
-    ///
-    /// Flex keeps one RNG per process: build the model before `launch` (or on rank 0 only:
-    /// `setup` broadcasts rank 0's parameters).
-    pub fn launch<R, F>(
-        config: AcceleratorConfig,
-        devices: Vec<B::Device>,
-        worker: F,
-    ) -> Result<Vec<R>, AccelerateError>
-    where
-        R: Send + 'static,
-        F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
-    {
-        config.validate()?;
-        let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
-        let results = afterburner_parallel::launch::<B::InnerBackend, _, AccelerateError, _>(
-            devices,
-            LaunchConfig { timeout },
-            move |group| {
-                let device = group.device().clone();
-                let acc = Self::with_group(config.clone(), device, Box::new(group))?;
-                worker(acc)
-            },
-        )?;
-        Ok(results)
-    }
-
-    fn build(
+    pub(crate) fn build(
         config: AcceleratorConfig,
         device: B::Device,
         ddp: Option<Ddp<B, Group<B>>>,
@@ -235,106 +186,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
             Some(ddp) => Ok(ddp.setup(model)?),
             None => Ok(model),
         }
-    }
-
-    /// This process's rank (0 on a single device).
-    pub fn rank(&self) -> usize {
-        self.ddp.as_ref().map_or(0, |d| d.group().rank())
-    }
-
-    /// The number of ranks (1 on a single device).
-    pub fn world_size(&self) -> usize {
-        self.ddp.as_ref().map_or(1, |d| d.group().world_size())
-    }
-
-    /// True on rank 0, the rank that logs and writes files.
-    pub fn is_main_process(&self) -> bool {
-        self.rank() == 0
-    }
-
-    /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).
-    pub fn optimizer_sharding(&self) -> Option<&OptimizerSharding> {
-        self.sharding.as_ref()
-    }
-
-    /// Gradient all-reduces so far (one per optimizer step under DDP; 0 on a single device).
-    pub fn gradient_all_reduces(&self) -> u64 {
-        self.ddp.as_ref().map_or(0, Ddp::all_reduce_count)
-    }
-
-    /// An evaluation loader: in order, not tracked for accumulation, and under DDP this rank's
-    /// shard (every `world_size`-th item, padded by repeating the first items). Pass the
-    /// per-item results to [`gather_for_metrics`](Self::gather_for_metrics).
-    pub fn eval_dataloader<I: Clone, Bt: Batcher<B, I>>(
-        &self,
-        items: Vec<I>,
-        batcher: Bt,
-        batch_size: usize,
-    ) -> Result<DataLoader<B, I, Bt>, AccelerateError> {
-        Ok(
-            DataLoader::new(items, batcher, batch_size, self.device.clone())?
-                .shard(self.rank(), self.world_size()),
-        )
-    }
-
-    /// Every rank's per-item `values` (this rank's whole [`eval_dataloader`] epoch, in its
-    /// order) gathered back into dataset order, with the padding items dropped: the result has
-    /// `dataset_len` values on every rank, like Accelerate's `gather_for_metrics`.
-    ///
-    /// [`eval_dataloader`]: Self::eval_dataloader
-    pub fn gather_for_metrics(
-        &self,
-        values: Tensor<B, 1>,
-        dataset_len: usize,
-    ) -> Result<Tensor<B, 1>, AccelerateError> {
-        let Some(ddp) = &self.ddp else {
-            let [len] = values.dims();
-            return Ok(values.narrow(0, 0, len.min(dataset_len)));
-        };
-        let world = ddp.group().world_size();
-        let parts = ddp.group().all_gather(values.inner())?;
-        let per_rank = dataset_len.div_ceil(world);
-        for (rank, part) in parts.iter().enumerate() {
-            let [len] = part.dims();
-            if len != per_rank {
-                return Err(AccelerateError::Usage(format!(
-                    "gather_for_metrics: rank {rank} gave {len} values; expected {per_rank} \
-                     (its whole eval_dataloader epoch for a dataset of {dataset_len})"
-                )));
-            }
-        }
-        // Item k of the dataset is item k / world of rank k % world: side by side, row by
-        // row, the ranks' values are in dataset order; the padding is at the end.
-        let columns = parts
-            .into_iter()
-            .map(|p| p.reshape([per_rank, 1]))
-            .collect();
-        let all = Tensor::cat(columns, 1).reshape([per_rank * world]);
-        Ok(Tensor::from_inner(all.narrow(0, 0, dataset_len)))
-    }
-
-    /// Waits until every rank gets here (a no-op on a single device).
-    pub fn barrier(&self) -> Result<(), AccelerateError> {
-        match &self.ddp {
-            Some(ddp) => Ok(ddp.group().barrier(&self.device)?),
-            None => Ok(()),
-        }
-    }
-
-    /// Under DDP, averages the pending gradients across ranks, once per cycle (before any
-    /// unscaling or clipping, so every rank sees the same gradients and takes the same step).
-    fn all_reduce_pending<M: AutodiffModule<B>>(
-        &mut self,
-        model: &M,
-    ) -> Result<(), AccelerateError> {
-        if self.synced {
-            return Ok(());
-        }
-        if let (Some(ddp), Some(grads)) = (self.ddp.as_mut(), self.pending.as_mut()) {
-            ddp.sync_gradients(model, grads)?;
-        }
-        self.synced = true;
-        Ok(())
     }
 
     /// Initialises lazy parameters and casts them to the policy's parameter dtype.
@@ -556,18 +407,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if summary.is_some_and(|s| !s.is_finite()) {
             tracing::warn!("non-finite gradients without loss scaling; stepping anyway");
         }
-        if self.config.strategy == Strategy::Zero1 {
-            let (rank, world) = (self.rank(), self.world_size());
-            self.sharding
-                .get_or_insert_with(|| OptimizerSharding::new(&model, rank, world))
-                .keep_owned(&model, &mut grads);
-        }
+        self.keep_owned_gradients(&model, &mut grads);
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
-        let model = match (&self.sharding, &self.ddp) {
-            (Some(sharding), Some(ddp)) => sharding.share_params(ddp.group(), model)?,
-            _ => model,
-        };
+        let model = self.share_owned_params(model)?;
         if let Some(scaler) = &mut self.scaler {
             scaler.update(false);
         }

@@ -21,6 +21,7 @@
 mod accelerator;
 mod config;
 pub mod data;
+mod distributed;
 mod error;
 pub mod models;
 pub mod rng;
@@ -33,4 +34,5 @@ pub use afterburner_parallel as parallel;
 pub use afterburner_precision as precision;
 pub use afterburner_precision::Precision;
 pub use config::{AcceleratorConfig, Strategy};
+pub use distributed::Group;
 pub use error::AccelerateError;

@@ -194,11 +194,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GatherGrads<'_, B> {
         let value = param.val();
         let len = value.shape().num_elements();
         let (flat, dtype, present) = match grad {
-            Some(g) => (
-                g.clone().cast(DType::F32).flatten(0, D - 1),
-                g.dtype(),
-                true,
-            ),
+            Some(g) => {
+                let dtype = g.dtype();
+                (g.cast(DType::F32).flatten(0, D - 1), dtype, true)
+            }
             None => (Tensor::zeros([len], &value.device()), value.dtype(), false),
         };
         self.parts.push(flat);

@@ -1,0 +1,190 @@
+//! The multi-device side of the [`Accelerator`]: starting ranks, rank queries, evaluation
+//! across ranks, and the gradient and parameter exchanges `step` asks for.
+
+use afterburner_parallel::{Ddp, LaunchConfig, OptimizerSharding, ProcessGroup};
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::data::{Batcher, DataLoader};
+use crate::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+
+/// The process group of a distributed Accelerator, on the training backend's inner backend.
+pub type Group<B> = Box<dyn ProcessGroup<<B as AutodiffBackend>::InnerBackend>>;
+
+impl<B: AutodiffBackend> Accelerator<B> {
+    /// One rank of a data-parallel run over `group` (any engine); [`launch`](Self::launch)
+    /// calls it for each in-process worker. Needs `strategy = "ddp"` or `"zero-1"`.
+    pub fn with_group(
+        config: AcceleratorConfig,
+        device: B::Device,
+        group: Group<B>,
+    ) -> Result<Self, AccelerateError> {
+        if !config.strategy.is_distributed() {
+            return Err(AccelerateError::invalid(
+                "strategy",
+                config.strategy,
+                "ddp or zero-1 for a multi-device run",
+            ));
+        }
+        Self::build(config, device, Some(Ddp::new(group)))
+    }
+
+    /// Runs `worker` once per device, each on its own thread with an Accelerator of that rank
+    /// (`strategy = "ddp"` or `"zero-1"`), like Fabric's `launch`; returns their results in
+    /// rank order. A worker that errors, panics or hangs in a collective makes the others fail
+    /// too, within `collective_timeout_s`: never a hang.
+    ///
+    /// Flex keeps one RNG per process: build the model before `launch` (or on rank 0 only:
+    /// `setup` broadcasts rank 0's parameters).
+    pub fn launch<R, F>(
+        config: AcceleratorConfig,
+        devices: Vec<B::Device>,
+        worker: F,
+    ) -> Result<Vec<R>, AccelerateError>
+    where
+        R: Send + 'static,
+        F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
+    {
+        config.validate()?;
+        let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
+        let results = afterburner_parallel::launch::<B::InnerBackend, _, AccelerateError, _>(
+            devices,
+            LaunchConfig { timeout },
+            move |group| {
+                let device = group.device().clone();
+                let acc = Self::with_group(config.clone(), device, Box::new(group))?;
+                worker(acc)
+            },
+        )?;
+        Ok(results)
+    }
+
+    /// This process's rank (0 on a single device).
+    pub fn rank(&self) -> usize {
+        self.ddp.as_ref().map_or(0, |d| d.group().rank())
+    }
+
+    /// The number of ranks (1 on a single device).
+    pub fn world_size(&self) -> usize {
+        self.ddp.as_ref().map_or(1, |d| d.group().world_size())
+    }
+
+    /// True on rank 0, the rank that logs and writes files.
+    pub fn is_main_process(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).
+    pub fn optimizer_sharding(&self) -> Option<&OptimizerSharding> {
+        self.sharding.as_ref()
+    }
+
+    /// Gradient all-reduces so far (one per optimizer step under DDP; 0 on a single device).
+    pub fn gradient_all_reduces(&self) -> u64 {
+        self.ddp.as_ref().map_or(0, Ddp::all_reduce_count)
+    }
+
+    /// An evaluation loader: in order, not tracked for accumulation, and under DDP this rank's
+    /// shard (every `world_size`-th item, padded by repeating the first items). Pass the
+    /// per-item results to [`gather_for_metrics`](Self::gather_for_metrics).
+    pub fn eval_dataloader<I: Clone, Bt: Batcher<B, I>>(
+        &self,
+        items: Vec<I>,
+        batcher: Bt,
+        batch_size: usize,
+    ) -> Result<DataLoader<B, I, Bt>, AccelerateError> {
+        Ok(
+            DataLoader::new(items, batcher, batch_size, self.device.clone())?
+                .shard(self.rank(), self.world_size()),
+        )
+    }
+
+    /// Every rank's per-item `values` (this rank's whole [`eval_dataloader`] epoch, in its
+    /// order) gathered back into dataset order, with the padding items dropped: the result has
+    /// `dataset_len` values on every rank, like Accelerate's `gather_for_metrics`.
+    ///
+    /// [`eval_dataloader`]: Self::eval_dataloader
+    pub fn gather_for_metrics(
+        &self,
+        values: Tensor<B, 1>,
+        dataset_len: usize,
+    ) -> Result<Tensor<B, 1>, AccelerateError> {
+        let Some(ddp) = &self.ddp else {
+            let [len] = values.dims();
+            return Ok(values.narrow(0, 0, len.min(dataset_len)));
+        };
+        let world = ddp.group().world_size();
+        let parts = ddp.group().all_gather(values.inner())?;
+        let per_rank = dataset_len.div_ceil(world);
+        for (rank, part) in parts.iter().enumerate() {
+            let [len] = part.dims();
+            if len != per_rank {
+                return Err(AccelerateError::Usage(format!(
+                    "gather_for_metrics: rank {rank} gave {len} values; expected {per_rank} \
+                     (its whole eval_dataloader epoch for a dataset of {dataset_len})"
+                )));
+            }
+        }
+        // Item k of the dataset is item k / world of rank k % world: side by side, row by
+        // row, the ranks' values are in dataset order; the padding is at the end.
+        let columns = parts
+            .into_iter()
+            .map(|p| p.reshape([per_rank, 1]))
+            .collect();
+        let all = Tensor::cat(columns, 1).reshape([per_rank * world]);
+        Ok(Tensor::from_inner(all.narrow(0, 0, dataset_len)))
+    }
+
+    /// Waits until every rank gets here (a no-op on a single device).
+    pub fn barrier(&self) -> Result<(), AccelerateError> {
+        match &self.ddp {
+            Some(ddp) => Ok(ddp.group().barrier(&self.device)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Under DDP, averages the pending gradients across ranks, once per cycle (before any
+    /// unscaling or clipping, so every rank sees the same gradients and takes the same step).
+    pub(crate) fn all_reduce_pending<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+    ) -> Result<(), AccelerateError> {
+        if self.synced {
+            return Ok(());
+        }
+        if let (Some(ddp), Some(grads)) = (self.ddp.as_mut(), self.pending.as_mut()) {
+            ddp.sync_gradients(model, grads)?;
+        }
+        self.synced = true;
+        Ok(())
+    }
+
+    /// Under `strategy = "zero-1"`, drops the gradients of parameters other ranks own, so the
+    /// optimizer steps (and keeps state for) this rank's parameters only.
+    pub(crate) fn keep_owned_gradients<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) {
+        if self.config.strategy != Strategy::Zero1 {
+            return;
+        }
+        let (rank, world) = (self.rank(), self.world_size());
+        self.sharding
+            .get_or_insert_with(|| OptimizerSharding::new(model, rank, world))
+            .keep_owned(model, grads);
+    }
+
+    /// Under `strategy = "zero-1"`, gives every rank the owners' new parameter values.
+    pub(crate) fn share_owned_params<M: AutodiffModule<B>>(
+        &self,
+        model: M,
+    ) -> Result<M, AccelerateError> {
+        match (&self.sharding, &self.ddp) {
+            (Some(sharding), Some(ddp)) => Ok(sharding.share_params(ddp.group(), model)?),
+            _ => Ok(model),
+        }
+    }
+}
