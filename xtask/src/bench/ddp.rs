@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
 use afterburner::models::{Vit, VitConfig};
-use afterburner::parallel::{LaunchConfig, ProcessGroup, ReduceOp};
+use afterburner::parallel::{LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::backend::Autodiff;
 use burn::module::Module;
@@ -34,8 +34,9 @@ fn vit<B: Backend>(device: &B::Device) -> Vit<B> {
         .init(device)
 }
 
-/// Mean time per optimizer step of `workers` ranks sharing a global batch of `2 x batch_size`.
-fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<Duration, String> {
+/// Mean time per optimizer step of `workers` ranks sharing a global batch of `2 x batch_size`,
+/// and rank 0's gradient all-reduces per optimizer step.
+fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<(Duration, f64), String> {
     type Ad<I> = Autodiff<I>;
     let device = I::Device::default();
     let config = AcceleratorConfig {
@@ -52,7 +53,7 @@ fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<Duration, String
     let items = digits::load().map_err(|e| e.to_string())?;
     let per_rank = 2 * o.batch_size / workers;
     let (steps, warmup) = (o.steps, o.warmup);
-    let run = move |mut acc: Accelerator<Ad<I>>| -> Result<Duration, AccelerateError> {
+    let run = move |mut acc: Accelerator<Ad<I>>| -> Result<(Duration, f64), AccelerateError> {
         let (mut model, mut optim) = acc.setup(model.clone(), AdamWConfig::new().init())?;
         let batcher = ImageBatcher {
             channels: 1,
@@ -86,7 +87,11 @@ fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<Duration, String
             model = acc.step(model, &mut optim, &mut 1e-3)?;
         }
         <Ad<I> as Backend>::sync(acc.device()).ok();
-        Ok(start.elapsed() / steps as u32)
+        let steps_taken = acc.counters().optimizer_steps.max(1) as f64;
+        Ok((
+            start.elapsed() / steps as u32,
+            acc.gradient_all_reduces() as f64 / steps_taken,
+        ))
     };
     let times = if workers > 1 {
         Accelerator::<Ad<I>>::launch(config, vec![device; workers], run)
@@ -96,7 +101,20 @@ fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<Duration, String
             .map(|t| vec![t])
     }
     .map_err(|e| e.to_string())?;
-    Ok(times.into_iter().max().unwrap_or_default())
+    let slowest = times.iter().map(|t| t.0).max().unwrap_or_default();
+    Ok((slowest, times.first().map_or(0.0, |t| t.1)))
+}
+
+/// Per-rank bytes of f32 parameters, gradients and AdamW state (two values per parameter) when
+/// `world` ranks split the optimizer state as `strategy = "zero-1"` does (`world = 1`: DDP).
+fn state_bytes_per_rank<I: Backend>(world: usize) -> usize {
+    let model = vit::<Autodiff<I>>(&Default::default());
+    let most_owned = (0..world)
+        .map(|rank| OptimizerSharding::new(&model, rank, world).owned_values())
+        .max()
+        .unwrap_or(0);
+    let params = model.num_params();
+    4 * params + 4 * params + 8 * most_owned
 }
 
 /// Mean time of an all-reduce of `len` f32 across 2 in-process workers.
@@ -139,12 +157,16 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         n
     };
     let mut best = [Duration::MAX; 2];
+    let mut all_reduces_per_step = f64::NAN;
     for round in 0..o.rounds {
         for k in 0..2 {
             let workers = if round % 2 == 0 { k + 1 } else { 2 - k };
             eprintln!("ddp round {}/{}: {workers} worker(s)", round + 1, o.rounds);
-            let t = step_time::<I>(o, workers)?;
+            let (t, per_step) = step_time::<I>(o, workers)?;
             best[workers - 1] = best[workers - 1].min(t);
+            if workers == 2 {
+                all_reduces_per_step = per_step;
+            }
         }
     }
     let reduce = all_reduce_time::<I>(params + tensors, 20)?;
@@ -158,7 +180,11 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             ms(best[0]) / ms(best[1]),
             "x",
         ),
-        row("gradient all-reduces per optimizer step", 1.0, "count"),
+        row(
+            "gradient all-reduces per optimizer step (counted, 2 workers)",
+            all_reduces_per_step,
+            "count",
+        ),
         row(
             "bytes all-reduced per step (f32 grads + flags)",
             bytes_per_step,
@@ -170,13 +196,18 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             "ms",
         ),
         row(
-            "per-rank params+grads+AdamW state, DDP",
-            (params * 16) as f64,
+            "per-rank f32 params + grads + AdamW state, DDP",
+            state_bytes_per_rank::<I>(1) as f64,
             "B",
         ),
         row(
-            "same, ZeRO-3 formula 16 B/param/ranks at 2 ranks (FSDP not built yet)",
-            (params * 16 / 2) as f64,
+            "same, zero-1 at 2 ranks (largest rank's share)",
+            state_bytes_per_rank::<I>(2) as f64,
+            "B",
+        ),
+        row(
+            "same, zero-1 at 4 ranks (largest rank's share)",
+            state_bytes_per_rank::<I>(4) as f64,
             "B",
         ),
     ];
