@@ -8,23 +8,29 @@
 //!   hanging worker makes every other one return an error instead of blocking forever.
 //! - [`Ddp`]: rank 0's parameters at setup, one gradient all-reduce per optimizer step.
 //! - [`OptimizerSharding`]: ZeRO stage 1 on top of DDP, optimizer state split across ranks.
+//! - [`Fsdp`]: fully sharded data parallel (ZeRO-3 `full`, ZeRO-2 `grad-op`): parameters,
+//!   gradients and optimizer state kept as per-rank shards, units gathered per forward pass.
 //! - [`DistributedSampler`]: disjoint, shuffled per-rank shards.
 //!
 //! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
-//! Not built yet: FSDP sharding, the MPI engine for processes and nodes, metric gathering.
+//! Not built yet: the MPI engine for processes and nodes.
 
 mod ddp;
 mod error;
+mod fsdp;
 mod group;
 mod launch;
 mod local;
 mod sampler;
+mod shared;
 mod zero;
 
 pub use ddp::Ddp;
 pub use error::ParallelError;
+pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy};
 pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch};
 pub use local::LocalGroup;
 pub use sampler::{DistributedSampler, shard};
+pub use shared::SharedGroup;
 pub use zero::OptimizerSharding;

@@ -1,0 +1,175 @@
+//! FSDP settings: what is sharded ([`ShardingStrategy`]) and which modules are units
+//! ([`AutoWrapPolicy`]). Both parse from the strings Accelerate and Lightning use.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::ParallelError;
+
+/// What each rank keeps only a shard of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShardingStrategy {
+    /// Parameters, gradients and optimizer state sharded (ZeRO-3, PyTorch `FULL_SHARD`):
+    /// a unit's parameters are gathered when the forward pass first reads them.
+    #[default]
+    Full,
+    /// Gradients and optimizer state sharded, parameters replicated (ZeRO-2,
+    /// `SHARD_GRAD_OP`): one gather per unit after each optimizer step, none in the forward.
+    GradOp,
+    /// Nothing sharded (`NO_SHARD`): plain DDP.
+    NoShard,
+}
+
+impl fmt::Display for ShardingStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Full => "full",
+            Self::GradOp => "grad-op",
+            Self::NoShard => "none",
+        })
+    }
+}
+
+impl FromStr for ShardingStrategy {
+    type Err = ParallelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "full" | "full-shard" | "1" => Ok(Self::Full),
+            "grad-op" | "shard-grad-op" | "2" => Ok(Self::GradOp),
+            "none" | "no-shard" | "3" => Ok(Self::NoShard),
+            _ => Err(ParallelError::InvalidConfig {
+                field: "fsdp_sharding_strategy",
+                value: s.to_string(),
+                expected: "one of: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), none (NO_SHARD)",
+            }),
+        }
+    }
+}
+
+/// Which modules become FSDP units: each unit's parameters are gathered together, with one
+/// collective. Parameters outside every unit form the root unit.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AutoWrapPolicy {
+    /// One unit: the whole model (PyTorch's default without an auto-wrap policy).
+    #[default]
+    None,
+    /// Each module whose struct type has one of these names is a unit (Lightning's
+    /// `auto_wrap_policy={Block}`, Accelerate's `transformer_layer_cls_to_wrap`), e.g.
+    /// `"TransformerEncoderLayer"`. Written as a comma-separated list.
+    Modules(Vec<String>),
+    /// Deepest modules first, a module whose not-yet-wrapped parameters number at least this
+    /// many becomes a unit (PyTorch's `size_based_auto_wrap_policy`). Written `size:<n>`.
+    Size(usize),
+}
+
+impl fmt::Display for AutoWrapPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::Modules(names) => f.write_str(&names.join(",")),
+            Self::Size(n) => write!(f, "size:{n}"),
+        }
+    }
+}
+
+impl FromStr for AutoWrapPolicy {
+    type Err = ParallelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = || ParallelError::InvalidConfig {
+            field: "fsdp_auto_wrap_policy",
+            value: s.to_string(),
+            expected: "none, size:<min parameters> (a number > 0), or module type names \
+                       separated by commas (e.g. TransformerEncoderLayer)",
+        };
+        let text = s.trim();
+        if text.is_empty() || text.eq_ignore_ascii_case("none") {
+            return Ok(Self::None);
+        }
+        if let Some(n) = text.strip_prefix("size:") {
+            return match n.trim().replace('_', "").parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Self::Size(n)),
+                _ => Err(invalid()),
+            };
+        }
+        let names: Vec<String> = text.split(',').map(|n| n.trim().to_string()).collect();
+        let valid = |n: &String| {
+            n.chars()
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_')
+                && n.chars().all(|c| c.is_alphanumeric() || c == '_')
+        };
+        if names.iter().all(valid) {
+            Ok(Self::Modules(names))
+        } else {
+            Err(invalid())
+        }
+    }
+}
+
+macro_rules! serde_as_string {
+    ($ty:ty) => {
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                String::deserialize(deserializer)?
+                    .parse()
+                    .map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+serde_as_string!(ShardingStrategy);
+serde_as_string!(AutoWrapPolicy);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_spellings_and_names_typos() {
+        assert_eq!(
+            "FULL_SHARD".parse::<ShardingStrategy>(),
+            Ok(ShardingStrategy::Full)
+        );
+        assert_eq!(
+            "grad-op".parse::<ShardingStrategy>(),
+            Ok(ShardingStrategy::GradOp)
+        );
+        assert_eq!(
+            "NO_SHARD".parse::<ShardingStrategy>(),
+            Ok(ShardingStrategy::NoShard)
+        );
+        let err = "fully".parse::<ShardingStrategy>().unwrap_err().to_string();
+        assert!(err.contains("fully") && err.contains("grad-op"), "{err}");
+
+        assert_eq!("none".parse::<AutoWrapPolicy>(), Ok(AutoWrapPolicy::None));
+        assert_eq!(
+            "size:1_000".parse::<AutoWrapPolicy>(),
+            Ok(AutoWrapPolicy::Size(1000))
+        );
+        assert_eq!(
+            "Block, Mlp".parse::<AutoWrapPolicy>(),
+            Ok(AutoWrapPolicy::Modules(vec!["Block".into(), "Mlp".into()]))
+        );
+        for bad in ["size:0", "size:x", "Block,", "a.b"] {
+            let err = bad.parse::<AutoWrapPolicy>().unwrap_err().to_string();
+            assert!(err.contains("fsdp_auto_wrap_policy"), "{bad}: {err}");
+        }
+        for policy in [
+            AutoWrapPolicy::Size(7),
+            AutoWrapPolicy::Modules(vec!["A".into()]),
+        ] {
+            assert_eq!(policy.to_string().parse::<AutoWrapPolicy>(), Ok(policy));
+        }
+    }
+}

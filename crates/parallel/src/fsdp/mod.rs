@@ -1,0 +1,203 @@
+//! [`Fsdp`]: fully sharded data parallel. Between steps each rank keeps only its shard of every
+//! parameter, so its gradients and optimizer state are shards too; a forward pass gathers each
+//! unit's parameters when it first reads them.
+//!
+//! How it fits Burn: after [`shard`](Fsdp::shard) the model's parameters hold this rank's
+//! chunk (shape `[1, .., 1, chunk]`, same `ParamId`), so any element-wise optimizer (SGD, Adam,
+//! AdamW, RMSprop...) steps the shards and keeps shard-sized state without knowing. For a
+//! forward pass [`view`](Fsdp::view) returns a model whose parameters are lazy: the first read
+//! of any parameter of a unit runs one all-gather for the whole unit and adds one autodiff node
+//! whose backward reduce-scatters the unit's gradient (mean over ranks) back to the shards.
+
+mod config;
+mod gather;
+mod layout;
+mod view;
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
+
+pub use config::{AutoWrapPolicy, ShardingStrategy};
+pub use layout::ShardLayout;
+
+use crate::{ParallelError, ProcessGroup, SharedGroup};
+use gather::{Exchange, Stats};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// FSDP settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FsdpConfig {
+    /// What is sharded: `full` (default) or `grad-op`. (`none` is [`Ddp`](crate::Ddp).)
+    pub sharding: ShardingStrategy,
+    /// Which modules are units (default: the whole model is one unit).
+    pub auto_wrap: AutoWrapPolicy,
+}
+
+/// Fully sharded data parallel over a [`SharedGroup`] on the training backend's inner backend.
+///
+/// Use: every rank starts from the same parameters (broadcast them with
+/// [`Ddp::setup`](crate::Ddp::setup)), calls [`shard`](Self::shard) once, then per micro-batch
+/// runs the forward pass on [`view`](Self::view) of the sharded model and `backward` as
+/// usual: `GradientsParams::from_grads(grads, &sharded)` holds this rank's shard of the
+/// gradients, already averaged over ranks. After each optimizer step call
+/// [`after_step`](Self::after_step). Needs Burn's `Autodiff<_, _>` backend.
+pub struct Fsdp<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
+    config: FsdpConfig,
+    exchange: Exchange<G>,
+    layout: Option<ShardLayout>,
+    /// `grad-op` only: each unit's full buffer, refreshed after every optimizer step.
+    replicated: Vec<Tensor<Inner<B>, 1>>,
+    backend: PhantomData<B>,
+}
+
+impl<B, G> Fsdp<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+{
+    /// FSDP over `group`. Errors for `sharding = none` (use [`Ddp`](crate::Ddp)) and for
+    /// autodiff backends other than Burn's `Autodiff<_, _>`.
+    pub fn new(group: SharedGroup<G>, config: FsdpConfig) -> Result<Self, ParallelError> {
+        if config.sharding == ShardingStrategy::NoShard {
+            return Err(ParallelError::InvalidConfig {
+                field: "fsdp_sharding_strategy",
+                value: config.sharding.to_string(),
+                expected: "full or grad-op (none is plain DDP)",
+            });
+        }
+        if !gather::is_burn_autodiff::<B>() {
+            return Err(ParallelError::InvalidConfig {
+                field: "backend",
+                value: std::any::type_name::<B>().to_string(),
+                expected: "burn's Autodiff<_, _> backend (FSDP adds its own autodiff nodes)",
+            });
+        }
+        Ok(Self {
+            config,
+            exchange: Exchange {
+                group,
+                failure: Default::default(),
+                stats: Arc::new(Stats::default()),
+            },
+            layout: None,
+            replicated: Vec::new(),
+            backend: PhantomData,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &FsdpConfig {
+        &self.config
+    }
+
+    /// The units and shard sizes (after [`shard`](Self::shard)).
+    pub fn layout(&self) -> Option<&ShardLayout> {
+        self.layout.as_ref()
+    }
+
+    /// Replaces every float parameter of `model` (full, the same on every rank) by this rank's
+    /// chunk, and records the layout. Call once, at setup (again to re-shard a full model).
+    pub fn shard<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+        let group = &self.exchange.group;
+        let layout = ShardLayout::new(
+            &model,
+            &self.config.auto_wrap,
+            group.rank(),
+            group.world_size(),
+        );
+        if self.config.sharding == ShardingStrategy::GradOp {
+            self.replicated = view::replicated_buffers(&model, &layout);
+        }
+        let model = view::to_shards(model, &layout)?;
+        self.layout = Some(layout);
+        Ok(model)
+    }
+
+    fn layout_or_err(&self) -> Result<&ShardLayout, ParallelError> {
+        self.layout
+            .as_ref()
+            .ok_or_else(|| ParallelError::InvalidConfig {
+                field: "fsdp",
+                value: "model not sharded".into(),
+                expected: "Fsdp::shard(model) before view/full_model/after_step",
+            })
+    }
+
+    /// A model for one forward pass: same `ParamId`s, full parameters gathered lazily per unit
+    /// (with `compute`, cast to that dtype through a differentiable cast: the autocast view).
+    /// Build a new view for every forward pass.
+    pub fn view<M: Module<B>>(
+        &self,
+        sharded: &M,
+        compute: Option<DType>,
+    ) -> Result<M, ParallelError> {
+        let layout = self.layout_or_err()?;
+        let replicated = match self.config.sharding {
+            ShardingStrategy::GradOp => Some(self.replicated.as_slice()),
+            _ => None,
+        };
+        view::lazy_view(sharded, layout, &self.exchange, replicated, compute)
+    }
+
+    /// The whole model, gathered from every rank's shards (every rank gets it; each unit is
+    /// one all-gather): for evaluation outside [`view`](Self::view), export and full saves.
+    pub fn full_model<M: AutodiffModule<B>>(&self, sharded: &M) -> Result<M, ParallelError> {
+        let layout = self.layout_or_err()?;
+        let buffers = view::local_buffers(sharded, layout)?
+            .into_iter()
+            .map(|local| self.exchange.all_gather(local))
+            .collect::<Vec<_>>();
+        self.check()?;
+        view::from_buffers(sharded.clone(), layout, buffers)
+    }
+
+    /// After each optimizer step: under `grad-op`, gathers every unit's new values (one
+    /// all-gather per unit); nothing to do under `full`.
+    pub fn after_step<M: AutodiffModule<B>>(&mut self, sharded: &M) -> Result<(), ParallelError> {
+        if self.config.sharding != ShardingStrategy::GradOp {
+            return Ok(());
+        }
+        let layout = self.layout_or_err()?;
+        self.replicated = view::local_buffers(sharded, layout)?
+            .into_iter()
+            .map(|local| self.exchange.all_gather(local))
+            .collect();
+        self.check()
+    }
+
+    /// The first collective failure since the last check (gathers in a forward pass and
+    /// reduce-scatters in a backward pass cannot return errors themselves), cleared.
+    pub fn check(&self) -> Result<(), ParallelError> {
+        match self.exchange.take_failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The process group.
+    pub fn group(&self) -> &SharedGroup<G> {
+        &self.exchange.group
+    }
+
+    /// Unit all-gathers so far (forward passes, `after_step`, `full_model`).
+    pub fn all_gathers(&self) -> u64 {
+        self.exchange.stats.all_gathers.load(Ordering::Relaxed)
+    }
+
+    /// Unit reduce-scatters so far (one per gathered unit per backward pass).
+    pub fn reduce_scatters(&self) -> u64 {
+        self.exchange.stats.reduce_scatters.load(Ordering::Relaxed)
+    }
+
+    /// Values (4 bytes each on the wire) this rank received in gathers and sent to
+    /// reduce-scatters so far.
+    pub fn values_moved(&self) -> u64 {
+        self.exchange.stats.values_moved.load(Ordering::Relaxed)
+    }
+}

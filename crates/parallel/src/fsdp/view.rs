@@ -1,0 +1,352 @@
+//! Moving parameters between their full form and their shards, and the lazy per-forward view.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Shape, Tensor};
+
+use super::gather::{self, Exchange};
+use super::layout::{ParamSlot, ShardLayout};
+use crate::{ParallelError, ProcessGroup};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// A parameter flattened and zero-padded to `world * chunk` values.
+fn padded<I: Backend, const D: usize>(
+    value: Tensor<I, D>,
+    slot: &ParamSlot,
+    world: usize,
+) -> Tensor<I, 1> {
+    let flat = value.reshape([slot.numel]);
+    let len = world * slot.chunk;
+    if len == slot.numel {
+        return flat;
+    }
+    let zeros = Tensor::<I, 1>::zeros([len - slot.numel], &flat.device()).cast(flat.dtype());
+    Tensor::cat(vec![flat, zeros], 0)
+}
+
+/// The shape a shard is kept in: `[1, .., 1, chunk]`.
+fn shard_dims<const D: usize>(chunk: usize) -> [usize; D] {
+    let mut dims = [1; D];
+    dims[D - 1] = chunk;
+    dims
+}
+
+/// A parameter's full value out of its unit's rank-major full buffer.
+fn unpack<I: Backend, const D: usize>(
+    full: Tensor<I, 1>,
+    slot: &ParamSlot,
+    layout: &ShardLayout,
+) -> Tensor<I, D> {
+    let world = layout.world;
+    let local_len = layout.units[slot.unit].local_len;
+    full.reshape([world, local_len])
+        .narrow(1, slot.offset, slot.chunk)
+        .reshape([world * slot.chunk])
+        .narrow(0, 0, slot.numel)
+        .reshape(Shape::from(slot.shape.clone()))
+}
+
+/// Walks parameters in visit order against the layout, keeping the first mismatch.
+struct Cursor<'a> {
+    layout: &'a ShardLayout,
+    next: usize,
+    error: Option<ParallelError>,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(layout: &'a ShardLayout) -> Self {
+        Self {
+            layout,
+            next: 0,
+            error: None,
+        }
+    }
+
+    /// The next slot when `param` matches it (`ParamId`, and the shape: full or shard form).
+    fn advance(
+        &mut self,
+        id: burn::module::ParamId,
+        dims: &[usize],
+        sharded: bool,
+    ) -> Option<&'a ParamSlot> {
+        let index = self.next;
+        self.next += 1;
+        if self.error.is_some() {
+            return None;
+        }
+        let layout = self.layout;
+        let expected = layout.slots.get(index).map(|slot| {
+            let dims: Vec<usize> = if sharded {
+                shard_dims_vec(dims.len(), slot.chunk)
+            } else {
+                slot.shape.clone()
+            };
+            (slot, dims)
+        });
+        match expected {
+            Some((slot, want)) if slot.id == id && want == dims => Some(slot),
+            _ => {
+                self.error = Some(ParallelError::Mismatch {
+                    rank: layout.rank,
+                    reason: format!(
+                        "parameter {index} ({id}, shape {dims:?}) is not the one FSDP sharded \
+                         at setup: pass the model returned by setup/step"
+                    ),
+                });
+                None
+            }
+        }
+    }
+
+    fn finish(self) -> Result<(), ParallelError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.next != self.layout.slots.len() {
+            return Err(ParallelError::Mismatch {
+                rank: self.layout.rank,
+                reason: format!(
+                    "the model has {} float parameters; FSDP sharded {} at setup",
+                    self.next,
+                    self.layout.slots.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn shard_dims_vec(rank: usize, chunk: usize) -> Vec<usize> {
+    let mut dims = vec![1; rank];
+    if let Some(last) = dims.last_mut() {
+        *last = chunk;
+    }
+    dims
+}
+
+/// Every float parameter of a full `model` replaced by this rank's chunk (a new leaf).
+pub(crate) fn to_shards<B: AutodiffBackend, M: Module<B>>(
+    model: M,
+    layout: &ShardLayout,
+) -> Result<M, ParallelError> {
+    struct ToShards<'a>(Cursor<'a>);
+    impl<B: AutodiffBackend> ModuleMapper<B> for ToShards<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, value, mapper) = param.consume();
+            let Some(slot) = self.0.advance(id, &value.dims(), false) else {
+                return Param::from_mapped_value(id, value, mapper);
+            };
+            let layout = self.0.layout;
+            let require_grad = value.is_require_grad();
+            let chunk = padded(value.inner(), slot, layout.world)
+                .narrow(0, layout.rank * slot.chunk, slot.chunk)
+                .reshape(shard_dims::<D>(slot.chunk));
+            let leaf = Tensor::from_inner(chunk).set_require_grad(require_grad);
+            Param::from_mapped_value(id, leaf, mapper)
+        }
+    }
+    let mut mapper = ToShards(Cursor::new(layout));
+    let model = model.map(&mut mapper);
+    mapper.0.finish()?;
+    Ok(model)
+}
+
+/// Each unit's rank-major full buffer (f32) from a full model, without communication.
+pub(crate) fn replicated_buffers<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    layout: &ShardLayout,
+) -> Vec<Tensor<Inner<B>, 1>> {
+    struct Rows<'a, B: AutodiffBackend> {
+        layout: &'a ShardLayout,
+        next: usize,
+        rows: Vec<Vec<Tensor<Inner<B>, 2>>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Rows<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let Some(slot) = self.layout.slots.get(self.next) else {
+                return;
+            };
+            self.next += 1;
+            let world = self.layout.world;
+            let value = param.val().inner().cast(DType::F32);
+            let rows = padded(value, slot, world).reshape([world, slot.chunk]);
+            self.rows[slot.unit].push(rows);
+        }
+    }
+    let mut rows = Rows::<B> {
+        layout,
+        next: 0,
+        rows: vec![Vec::new(); layout.units.len()],
+    };
+    model.visit(&mut rows);
+    rows.rows
+        .into_iter()
+        .zip(&layout.units)
+        .map(|(parts, unit)| Tensor::cat(parts, 1).reshape([layout.world * unit.local_len]))
+        .collect()
+}
+
+/// Each unit's local buffer (this rank's chunks, in unit order) from a sharded model.
+pub(crate) fn local_buffers<B: AutodiffBackend, M: Module<B>>(
+    sharded: &M,
+    layout: &ShardLayout,
+) -> Result<Vec<Tensor<Inner<B>, 1>>, ParallelError> {
+    struct Parts<'a, B: AutodiffBackend> {
+        cursor: Cursor<'a>,
+        parts: Vec<Vec<Tensor<Inner<B>, 1>>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Parts<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let value = param.val();
+            if let Some(slot) = self.cursor.advance(param.id, &value.dims(), true) {
+                self.parts[slot.unit].push(value.inner().reshape([slot.chunk]));
+            }
+        }
+    }
+    let mut parts = Parts::<B> {
+        cursor: Cursor::new(layout),
+        parts: vec![Vec::new(); layout.units.len()],
+    };
+    sharded.visit(&mut parts);
+    parts.cursor.finish()?;
+    Ok(parts.parts.into_iter().map(|p| Tensor::cat(p, 0)).collect())
+}
+
+/// The sharded model with full parameters taken from each unit's full buffer (new leaves).
+pub(crate) fn from_buffers<B: AutodiffBackend, M: Module<B>>(
+    sharded: M,
+    layout: &ShardLayout,
+    buffers: Vec<Tensor<Inner<B>, 1>>,
+) -> Result<M, ParallelError> {
+    struct Fill<'a, B: AutodiffBackend> {
+        cursor: Cursor<'a>,
+        buffers: Vec<Tensor<Inner<B>, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleMapper<B> for Fill<'_, B> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, value, mapper) = param.consume();
+            let Some(slot) = self.cursor.advance(id, &value.dims(), true) else {
+                return Param::from_mapped_value(id, value, mapper);
+            };
+            let full = unpack::<_, D>(self.buffers[slot.unit].clone(), slot, self.cursor.layout)
+                .cast(slot.dtype);
+            let leaf = Tensor::from_inner(full).set_require_grad(value.is_require_grad());
+            Param::from_mapped_value(id, leaf, mapper)
+        }
+    }
+    let mut fill = Fill::<B> {
+        cursor: Cursor::new(layout),
+        buffers,
+    };
+    let model = sharded.map(&mut fill);
+    fill.cursor.finish()?;
+    Ok(model)
+}
+
+/// One unit of a view: its shard tensors, collected while the view is built, and its full
+/// buffer once the forward pass first needs it.
+struct UnitCell<B: AutodiffBackend, G> {
+    parts: Mutex<Vec<Tensor<B, 1>>>,
+    replicated: Mutex<Option<Tensor<Inner<B>, 1>>>,
+    gathered: Mutex<Option<Tensor<B, 1>>>,
+    exchange: Exchange<G>,
+}
+
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>> + 'static> UnitCell<B, G> {
+    fn full(&self) -> Tensor<B, 1> {
+        let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(full) = gathered.as_ref() {
+            return full.clone();
+        }
+        let parts = self
+            .parts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let replicated = self
+            .replicated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let full = gather::gather(Tensor::cat(parts, 0), replicated, &self.exchange);
+        *gathered = Some(full.clone());
+        full
+    }
+}
+
+/// The sharded model with lazy full parameters (see [`Fsdp::view`](super::Fsdp::view)).
+pub(crate) fn lazy_view<B, G, M>(
+    sharded: &M,
+    layout: &ShardLayout,
+    exchange: &Exchange<G>,
+    replicated: Option<&[Tensor<Inner<B>, 1>]>,
+    compute: Option<DType>,
+) -> Result<M, ParallelError>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+    M: Module<B>,
+{
+    struct Lazy<'a, B: AutodiffBackend, G> {
+        cursor: Cursor<'a>,
+        cells: Vec<Arc<UnitCell<B, G>>>,
+        compute: Option<DType>,
+    }
+    impl<B, G> ModuleMapper<B> for Lazy<'_, B, G>
+    where
+        B: AutodiffBackend,
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, value, mapper) = param.consume();
+            let Some(slot) = self.cursor.advance(id, &value.dims(), true) else {
+                return Param::from_mapped_value(id, value, mapper);
+            };
+            let require_grad = value.is_require_grad();
+            let device = value.device();
+            let cell = self.cells[slot.unit].clone();
+            cell.parts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(value.reshape([slot.chunk]));
+            let layout = self.cursor.layout.clone();
+            let slot = slot.clone();
+            let compute = self.compute;
+            let shape = Shape::from(slot.shape.clone());
+            Param::uninitialized(
+                id,
+                move |_, _| {
+                    let full = unpack::<_, D>(cell.full(), &slot, &layout);
+                    match compute {
+                        Some(dtype) => full.cast(dtype),
+                        None => full,
+                    }
+                },
+                device,
+                require_grad,
+                shape,
+            )
+        }
+    }
+    let cells = (0..layout.units.len())
+        .map(|unit| {
+            Arc::new(UnitCell {
+                parts: Mutex::new(Vec::new()),
+                replicated: Mutex::new(replicated.and_then(|r| r.get(unit).cloned())),
+                gathered: Mutex::new(None),
+                exchange: exchange.clone(),
+            })
+        })
+        .collect();
+    let mut lazy = Lazy {
+        cursor: Cursor::new(layout),
+        cells,
+        compute,
+    };
+    let view = sharded.clone().map(&mut lazy);
+    lazy.cursor.finish()?;
+    Ok(view)
+}
