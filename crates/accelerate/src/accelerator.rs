@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
-use afterburner_parallel::{Ddp, OptimizerSharding};
+use afterburner_parallel::{
+    Ddp, Fsdp, FsdpConfig, OptimizerSharding, ShardingStrategy, SharedGroup,
+};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -84,8 +86,10 @@ pub struct Accelerator<B: AutodiffBackend> {
     unscaled: Option<GradSummary>,
     clipped: bool,
     last: StepOutcome,
-    /// Data parallel state under `strategy = "ddp"`.
-    pub(crate) ddp: Option<Ddp<B, Group<B>>>,
+    /// Data parallel state on several ranks (every multi-device strategy).
+    pub(crate) ddp: Option<Ddp<B, SharedGroup<Group<B>>>>,
+    /// Parameter sharding under `strategy = "fsdp"` (unless its sharding is `none`).
+    pub(crate) fsdp: Option<Fsdp<B, Group<B>>>,
     /// Whether the pending gradients were all-reduced in this cycle.
     pub(crate) synced: bool,
     /// Parameter ownership under `strategy = "zero-1"` (set at the first step).
@@ -109,9 +113,24 @@ impl<B: AutodiffBackend> Accelerator<B> {
     pub(crate) fn build(
         config: AcceleratorConfig,
         device: B::Device,
-        ddp: Option<Ddp<B, Group<B>>>,
+        group: Option<Group<B>>,
     ) -> Result<Self, AccelerateError> {
         config.validate()?;
+        let shared = group.map(SharedGroup::new);
+        let ddp = shared.clone().map(Ddp::new);
+        let fsdp = match shared {
+            Some(group)
+                if config.strategy == Strategy::Fsdp
+                    && config.fsdp_sharding_strategy != ShardingStrategy::NoShard =>
+            {
+                let fsdp_config = FsdpConfig {
+                    sharding: config.fsdp_sharding_strategy,
+                    auto_wrap: config.fsdp_auto_wrap_policy.clone(),
+                };
+                Some(Fsdp::new(group, fsdp_config)?)
+            }
+            _ => None,
+        };
         config.precision.check_backend::<B>(&device)?;
         let scaler = if config.precision.needs_loss_scaling() {
             Some(GradScaler::new(config.grad_scaler)?)
@@ -147,6 +166,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             clipped: false,
             last: StepOutcome::Idle,
             ddp,
+            fsdp,
             synced: false,
             sharding: None,
         })
@@ -170,7 +190,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// Moves the model to the device, initialises every lazy parameter, and for the `*-true`
     /// modes casts it to the half dtype. The optimizer is returned as is: Burn optimizers
     /// create their state from the gradients, so it follows the parameters' dtype (f32 master
-    /// state for the mixed modes). Under DDP every rank gets rank 0's parameters.
+    /// state for the mixed modes). Under DDP every rank gets rank 0's parameters; under FSDP
+    /// each rank then keeps only its shard of them (see [`full_model`](Self::full_model)).
     pub fn setup<M: AutodiffModule<B>, O>(
         &self,
         model: M,
@@ -182,8 +203,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// The model half of [`setup`](Self::setup).
     pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
         let model = self.to_param_dtype(model.fork(&self.device));
-        match &self.ddp {
-            Some(ddp) => Ok(ddp.setup(model)?),
+        let model = match &self.ddp {
+            Some(ddp) => ddp.setup(model)?,
+            None => model,
+        };
+        match &self.fsdp {
+            Some(fsdp) => Ok(fsdp.shard(model)?),
             None => Ok(model),
         }
     }
@@ -222,7 +247,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// to the compute dtype, a fresh half view of the model is used in the mixed modes, and the
     /// output's float tensors come back in f32 so the loss is computed in f32. The model's
     /// `Checkpointed` blocks follow the config's `gradient_checkpointing` policy (their
-    /// recompute runs in the same half view, so in the same dtypes).
+    /// recompute runs in the same half view, so in the same dtypes). Under FSDP the forward
+    /// pass runs on a view whose units are gathered from every rank when first read (a model
+    /// that is not the one `setup`/`step` returned makes the next `backward` fail).
     pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> O
     where
         M: Module<B>,
@@ -233,12 +260,16 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let precision = self.config.precision;
         let compute = precision.compute_dtype();
         let input = input.cast_floats(compute);
+        let mixed = precision.is_mixed().then_some(compute);
         let output =
             afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
-                if precision.is_mixed() {
-                    forward(&autocast_view(model, compute), input)
-                } else {
-                    forward(model, input)
+                match (&self.fsdp, mixed) {
+                    // On error (recorded: `backward` reports it) the model runs as given.
+                    (Some(fsdp), _) if let Ok(view) = fsdp.view(model, mixed) => {
+                        forward(&view, input)
+                    }
+                    (_, Some(half)) => forward(&autocast_view(model, half), input),
+                    (_, None) => forward(model, input),
                 }
             });
         output.cast_floats(DType::F32)
@@ -266,6 +297,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
             loss = loss.div_scalar(steps as f64);
         }
         let new = GradientsParams::from_grads(loss.backward(), model);
+        if let Some(fsdp) = &self.fsdp {
+            fsdp.check()?;
+        }
         // A recompute replays the blocks' random draws and so moves the backend RNG: re-seed
         // so the next micro-batch draws the same with or without checkpointing.
         B::seed(
@@ -310,11 +344,13 @@ impl<B: AutodiffBackend> Accelerator<B> {
         &mut self,
         model: &M,
         want_norm: bool,
-    ) -> Option<GradSummary> {
+    ) -> Result<Option<GradSummary>, AccelerateError> {
         if self.unscaled.is_some() {
-            return self.unscaled;
+            return Ok(self.unscaled);
         }
-        let grads = self.pending.as_mut()?;
+        let Some(grads) = self.pending.as_mut() else {
+            return Ok(None);
+        };
         let short_cycle =
             self.config.gradient_accumulation_steps as f64 / self.micro_in_cycle as f64;
         let summary = match &self.scaler {
@@ -324,11 +360,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 if short_cycle != 1.0 {
                     grads::scale::<B, M>(model, grads, short_cycle);
                 }
-                return None;
+                return Ok(None);
             }
         };
+        let summary = self.summary_over_ranks(summary)?;
         self.unscaled = Some(summary);
-        Some(summary)
+        Ok(Some(summary))
     }
 
     /// Clips the pending gradients to a global L2 norm of `max_norm` (after unscaling) and
@@ -348,7 +385,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             ));
         }
         self.all_reduce_pending(model)?;
-        let Some(summary) = self.unscale_pending(model, true) else {
+        let Some(summary) = self.unscale_pending(model, true)? else {
             return Err(AccelerateError::Usage(
                 "clip_grad_norm() called with no pending gradients: call backward() first".into(),
             ));
@@ -388,7 +425,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         }
         let want_norm = self.config.max_grad_norm.is_some();
         self.all_reduce_pending(&model)?;
-        let summary = self.unscale_pending(&model, want_norm);
+        let summary = self.unscale_pending(&model, want_norm)?;
         let mut grads = self.pending.take().unwrap_or_default();
         if let (Some(scaler), Some(s)) = (&mut self.scaler, summary)
             && !s.is_finite()
@@ -411,6 +448,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
         let model = self.share_owned_params(model)?;
+        if let Some(fsdp) = &self.fsdp {
+            fsdp.after_step(&model)?;
+        }
         if let Some(scaler) = &mut self.scaler {
             scaler.update(false);
         }

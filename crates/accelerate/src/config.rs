@@ -1,6 +1,7 @@
 //! The Accelerator's settings, as data (serde) with documented defaults.
 
 use afterburner_checkpoint::CheckpointPolicy;
+use afterburner_parallel::{AutoWrapPolicy, ShardingStrategy};
 use afterburner_precision::{GradScalerConfig, Precision};
 use std::fmt;
 use std::str::FromStr;
@@ -31,10 +32,18 @@ pub struct AcceleratorConfig {
     /// `BalancedCheckpointing` backend, which the backend type must then be).
     pub gradient_checkpointing: CheckpointPolicy,
     /// How training is spread over devices: "single-device" (default), "ddp" (one replica
-    /// per device, gradients averaged each optimizer step) or "zero-1" (ddp with the optimizer
-    /// state split across ranks); the multi-device ones run through
+    /// per device, gradients averaged each optimizer step), "zero-1" (ddp with the optimizer
+    /// state split across ranks) or "fsdp" (parameters, gradients and optimizer state split,
+    /// see the `fsdp_*` fields); the multi-device ones run through
     /// [`Accelerator::launch`](crate::Accelerator::launch).
     pub strategy: Strategy,
+    /// Under `strategy = "fsdp"`: "full" (default; ZeRO-3, `FULL_SHARD`), "grad-op" (ZeRO-2,
+    /// `SHARD_GRAD_OP`: parameters stay replicated) or "none" (`NO_SHARD`: plain DDP).
+    pub fsdp_sharding_strategy: ShardingStrategy,
+    /// Under `strategy = "fsdp"`: which modules are units, each gathered with one collective:
+    /// "none" (default: the whole model is one unit), module type names separated by commas
+    /// (e.g. "TransformerEncoderLayer"), or "size:<min parameters>".
+    pub fsdp_auto_wrap_policy: AutoWrapPolicy,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
 }
@@ -51,6 +60,9 @@ pub enum Strategy {
     /// ZeRO stage 1: `Ddp`, and each rank keeps optimizer state only for the parameters it
     /// owns (about `1 / world_size` of them); owners share new values after each step.
     Zero1,
+    /// Fully sharded data parallel: each rank keeps `1 / world_size` of every parameter, its
+    /// gradient and its optimizer state; units are gathered for each forward pass.
+    Fsdp,
 }
 
 impl Strategy {
@@ -66,6 +78,7 @@ impl fmt::Display for Strategy {
             Self::SingleDevice => "single-device",
             Self::Ddp => "ddp",
             Self::Zero1 => "zero-1",
+            Self::Fsdp => "fsdp",
         })
     }
 }
@@ -78,10 +91,11 @@ impl FromStr for Strategy {
             "single-device" | "single_device" | "single" => Ok(Self::SingleDevice),
             "ddp" => Ok(Self::Ddp),
             "zero-1" | "zero1" => Ok(Self::Zero1),
+            "fsdp" => Ok(Self::Fsdp),
             _ => Err(AccelerateError::invalid(
                 "strategy",
                 s,
-                "one of: single-device, ddp, zero-1",
+                "one of: single-device, ddp, zero-1, fsdp",
             )),
         }
     }
@@ -111,6 +125,8 @@ impl Default for AcceleratorConfig {
             grad_scaler: GradScalerConfig::default(),
             gradient_checkpointing: CheckpointPolicy::None,
             strategy: Strategy::SingleDevice,
+            fsdp_sharding_strategy: ShardingStrategy::Full,
+            fsdp_auto_wrap_policy: AutoWrapPolicy::None,
             collective_timeout_s: 300.0,
         }
     }

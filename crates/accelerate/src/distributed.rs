@@ -1,11 +1,12 @@
 //! The multi-device side of the [`Accelerator`]: starting ranks, rank queries, evaluation
 //! across ranks, and the gradient and parameter exchanges `step` asks for.
 
-use afterburner_parallel::{Ddp, LaunchConfig, OptimizerSharding, ProcessGroup};
+use afterburner_parallel::{Ddp, Fsdp, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp};
+use afterburner_precision::grads::GradSummary;
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
-use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
 
 use crate::data::{Batcher, DataLoader};
 use crate::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
@@ -15,7 +16,7 @@ pub type Group<B> = Box<dyn ProcessGroup<<B as AutodiffBackend>::InnerBackend>>;
 
 impl<B: AutodiffBackend> Accelerator<B> {
     /// One rank of a data-parallel run over `group` (any engine); [`launch`](Self::launch)
-    /// calls it for each in-process worker. Needs `strategy = "ddp"` or `"zero-1"`.
+    /// calls it for each in-process worker. Needs `strategy = "ddp"`, `"zero-1"` or `"fsdp"`.
     pub fn with_group(
         config: AcceleratorConfig,
         device: B::Device,
@@ -25,14 +26,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
             return Err(AccelerateError::invalid(
                 "strategy",
                 config.strategy,
-                "ddp or zero-1 for a multi-device run",
+                "ddp, zero-1 or fsdp for a multi-device run",
             ));
         }
-        Self::build(config, device, Some(Ddp::new(group)))
+        Self::build(config, device, Some(group))
     }
 
     /// Runs `worker` once per device, each on its own thread with an Accelerator of that rank
-    /// (`strategy = "ddp"` or `"zero-1"`), like Fabric's `launch`; returns their results in
+    /// (`strategy = "ddp"`, `"zero-1"` or `"fsdp"`), like Fabric's `launch`; returns their results in
     /// rank order. A worker that errors, panics or hangs in a collective makes the others fail
     /// too, within `collective_timeout_s`: never a hang.
     ///
@@ -154,11 +155,50 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if self.synced {
             return Ok(());
         }
+        if self.fsdp.is_some() {
+            // Each backward pass already reduce-scattered its gradients to the shards.
+            self.synced = true;
+            return Ok(());
+        }
         if let (Some(ddp), Some(grads)) = (self.ddp.as_mut(), self.pending.as_mut()) {
             ddp.sync_gradients(model, grads)?;
         }
         self.synced = true;
         Ok(())
+    }
+
+    /// Under FSDP each rank's gradients are a disjoint shard: the global squared norm is the
+    /// sum of the ranks' (one small all-reduce); elsewhere `summary` is already global.
+    pub(crate) fn summary_over_ranks(
+        &self,
+        summary: GradSummary,
+    ) -> Result<GradSummary, AccelerateError> {
+        let (Some(_), Some(ddp)) = (&self.fsdp, &self.ddp) else {
+            return Ok(summary);
+        };
+        let mine = Tensor::<B, 1>::from_floats([summary.squared_norm as f32], &self.device);
+        let total = ddp.group().all_reduce(mine.inner(), ReduceOp::Sum)?;
+        let squared_norm = total.into_scalar().elem::<f64>();
+        Ok(GradSummary {
+            squared_norm,
+            tensors: summary.tensors,
+        })
+    }
+
+    /// The whole model with full parameters: under FSDP gathered from every rank's shards
+    /// (every rank must call it; each unit is one all-gather), like Accelerate's
+    /// `get_state_dict` / FSDP's full state dict; otherwise a clone. For export, or evaluation
+    /// outside [`forward`](Self::forward).
+    pub fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, AccelerateError> {
+        match &self.fsdp {
+            Some(fsdp) => Ok(fsdp.full_model(model)?),
+            None => Ok(model.clone()),
+        }
+    }
+
+    /// The FSDP state under `strategy = "fsdp"`: units, shard sizes, collective counts.
+    pub fn fsdp(&self) -> Option<&Fsdp<B, Group<B>>> {
+        self.fsdp.as_ref()
     }
 
     /// Under `strategy = "zero-1"`, drops the gradients of parameters other ranks own, so the

@@ -13,10 +13,10 @@
 //! - [`checkpoint`]: re-export of `afterburner-checkpoint` (`Checkpointed` blocks and the
 //!   policies behind the config's `gradient_checkpointing`).
 //!
-//! - [`parallel`]: re-export of `afterburner-parallel`; `strategy = "ddp"` with
-//!   [`Accelerator::launch`] trains one replica per device.
+//! - [`parallel`]: re-export of `afterburner-parallel`; `strategy = "ddp"`, `"zero-1"` or
+//!   `"fsdp"` with [`Accelerator::launch`] trains on one worker per device.
 //!
-//! FSDP, multi-process runs, Local SGD and the Trainer come in their own crates and issues.
+//! Multi-process runs, Local SGD and the Trainer come in their own crates and issues.
 
 mod accelerator;
 mod config;
@@ -31,6 +31,7 @@ pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;
 pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
 pub use afterburner_parallel as parallel;
+pub use afterburner_parallel::{AutoWrapPolicy, ShardingStrategy};
 pub use afterburner_precision as precision;
 pub use afterburner_precision::Precision;
 pub use config::{AcceleratorConfig, Strategy};

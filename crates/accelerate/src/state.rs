@@ -78,6 +78,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        if self.fsdp.is_some() {
+            return Err(AccelerateError::Usage(
+                "save_state() under strategy fsdp is not supported yet: parameters and \
+                 optimizer state are split across ranks; save the gathered weights with \
+                 full_model() for now"
+                    .into(),
+            ));
+        }
         if self.config.strategy == crate::Strategy::Zero1 {
             return Err(AccelerateError::Usage(
                 "save_state() under strategy zero-1 is not supported yet: the optimizer state \

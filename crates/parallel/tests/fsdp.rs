@@ -155,7 +155,7 @@ fn train(world: usize, fsdp: Option<FsdpConfig>) -> Vec<Report> {
                     reduce_scatters: 0,
                 });
             };
-            let mut fsdp = Fsdp::<B, _>::new(group, config).map_err(err)?;
+            let fsdp = Fsdp::<B, _>::new(group, config).map_err(err)?;
             model = fsdp.shard(model).map_err(err)?;
             for step in &data {
                 let view = fsdp.view(&model, None).map_err(err)?;

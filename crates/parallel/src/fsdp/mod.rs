@@ -15,8 +15,8 @@ mod layout;
 mod view;
 
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
@@ -50,10 +50,15 @@ pub struct FsdpConfig {
 pub struct Fsdp<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     config: FsdpConfig,
     exchange: Exchange<G>,
-    layout: Option<ShardLayout>,
+    state: Mutex<Sharded<B>>,
+    backend: PhantomData<B>,
+}
+
+/// What [`Fsdp::shard`] sets up.
+struct Sharded<B: AutodiffBackend> {
+    layout: Option<Arc<ShardLayout>>,
     /// `grad-op` only: each unit's full buffer, refreshed after every optimizer step.
     replicated: Vec<Tensor<Inner<B>, 1>>,
-    backend: PhantomData<B>,
 }
 
 impl<B, G> Fsdp<B, G>
@@ -85,8 +90,10 @@ where
                 failure: Default::default(),
                 stats: Arc::new(Stats::default()),
             },
-            layout: None,
-            replicated: Vec::new(),
+            state: Mutex::new(Sharded {
+                layout: None,
+                replicated: Vec::new(),
+            }),
             backend: PhantomData,
         })
     }
@@ -97,13 +104,17 @@ where
     }
 
     /// The units and shard sizes (after [`shard`](Self::shard)).
-    pub fn layout(&self) -> Option<&ShardLayout> {
-        self.layout.as_ref()
+    pub fn layout(&self) -> Option<Arc<ShardLayout>> {
+        self.state().layout.clone()
+    }
+
+    fn state(&self) -> MutexGuard<'_, Sharded<B>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Replaces every float parameter of `model` (full, the same on every rank) by this rank's
     /// chunk, and records the layout. Call once, at setup (again to re-shard a full model).
-    pub fn shard<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+    pub fn shard<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
         let group = &self.exchange.group;
         let layout = ShardLayout::new(
             &model,
@@ -111,22 +122,24 @@ where
             group.rank(),
             group.world_size(),
         );
-        if self.config.sharding == ShardingStrategy::GradOp {
-            self.replicated = view::replicated_buffers(&model, &layout);
-        }
+        let replicated = match self.config.sharding {
+            ShardingStrategy::GradOp => view::replicated_buffers(&model, &layout),
+            _ => Vec::new(),
+        };
         let model = view::to_shards(model, &layout)?;
-        self.layout = Some(layout);
+        *self.state() = Sharded {
+            layout: Some(Arc::new(layout)),
+            replicated,
+        };
         Ok(model)
     }
 
-    fn layout_or_err(&self) -> Result<&ShardLayout, ParallelError> {
-        self.layout
-            .as_ref()
-            .ok_or_else(|| ParallelError::InvalidConfig {
-                field: "fsdp",
-                value: "model not sharded".into(),
-                expected: "Fsdp::shard(model) before view/full_model/after_step",
-            })
+    fn layout_or_err(&self) -> Result<Arc<ShardLayout>, ParallelError> {
+        self.layout().ok_or_else(|| ParallelError::InvalidConfig {
+            field: "fsdp",
+            value: "model not sharded".into(),
+            expected: "Fsdp::shard(model) before view/full_model/after_step",
+        })
     }
 
     /// A model for one forward pass: same `ParamId`s, full parameters gathered lazily per unit
@@ -139,36 +152,38 @@ where
     ) -> Result<M, ParallelError> {
         let layout = self.layout_or_err()?;
         let replicated = match self.config.sharding {
-            ShardingStrategy::GradOp => Some(self.replicated.as_slice()),
+            ShardingStrategy::GradOp => Some(self.state().replicated.clone()),
             _ => None,
         };
-        view::lazy_view(sharded, layout, &self.exchange, replicated, compute)
+        view::lazy_view(sharded, &layout, &self.exchange, replicated, compute)
     }
 
     /// The whole model, gathered from every rank's shards (every rank gets it; each unit is
     /// one all-gather): for evaluation outside [`view`](Self::view), export and full saves.
     pub fn full_model<M: AutodiffModule<B>>(&self, sharded: &M) -> Result<M, ParallelError> {
         let layout = self.layout_or_err()?;
-        let buffers = view::local_buffers(sharded, layout)?
+        let buffers = view::local_buffers(sharded, &layout)?
             .into_iter()
             .map(|local| self.exchange.all_gather(local))
             .collect::<Vec<_>>();
         self.check()?;
-        view::from_buffers(sharded.clone(), layout, buffers)
+        view::from_buffers(sharded.clone(), &layout, buffers)
     }
 
     /// After each optimizer step: under `grad-op`, gathers every unit's new values (one
     /// all-gather per unit); nothing to do under `full`.
-    pub fn after_step<M: AutodiffModule<B>>(&mut self, sharded: &M) -> Result<(), ParallelError> {
+    pub fn after_step<M: AutodiffModule<B>>(&self, sharded: &M) -> Result<(), ParallelError> {
         if self.config.sharding != ShardingStrategy::GradOp {
             return Ok(());
         }
         let layout = self.layout_or_err()?;
-        self.replicated = view::local_buffers(sharded, layout)?
+        let replicated = view::local_buffers(sharded, &layout)?
             .into_iter()
             .map(|local| self.exchange.all_gather(local))
             .collect();
-        self.check()
+        self.check()?;
+        self.state().replicated = replicated;
+        Ok(())
     }
 
     /// The first collective failure since the last check (gathers in a forward pass and

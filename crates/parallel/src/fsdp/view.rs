@@ -282,7 +282,7 @@ pub(crate) fn lazy_view<B, G, M>(
     sharded: &M,
     layout: &ShardLayout,
     exchange: &Exchange<G>,
-    replicated: Option<&[Tensor<Inner<B>, 1>]>,
+    replicated: Option<Vec<Tensor<Inner<B>, 1>>>,
     compute: Option<DType>,
 ) -> Result<M, ParallelError>
 where
@@ -335,7 +335,7 @@ where
         .map(|unit| {
             Arc::new(UnitCell {
                 parts: Mutex::new(Vec::new()),
-                replicated: Mutex::new(replicated.and_then(|r| r.get(unit).cloned())),
+                replicated: Mutex::new(replicated.as_ref().and_then(|r| r.get(unit).cloned())),
                 gathered: Mutex::new(None),
                 exchange: exchange.clone(),
             })

@@ -1,0 +1,174 @@
+//! FSDP through the Accelerator: `strategy = "fsdp"` on 2 and 4 CPU workers trains like DDP
+//! (accumulation, clipping, AdamW), each rank keeping about 1/N of the parameters; it composes
+//! with bf16-mixed and activation checkpointing; a failing rank stops the run.
+
+mod common;
+
+use afterburner::data::{ImageBatcher, digits};
+use afterburner::{
+    AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, Precision,
+    ShardingStrategy, Strategy,
+};
+use burn::module::Module;
+use burn::optim::AdamWConfig;
+use common::*;
+
+const BATCHER: ImageBatcher = ImageBatcher {
+    channels: 1,
+    height: 8,
+    width: 8,
+};
+
+fn config(strategy: Strategy) -> AcceleratorConfig {
+    AcceleratorConfig {
+        strategy,
+        gradient_accumulation_steps: 2,
+        max_grad_norm: Some(0.5),
+        fsdp_auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+        ..Default::default()
+    }
+}
+
+/// Per rank: the full parameters after one epoch of 96 digits, the parameter values this rank
+/// holds, and (FSDP) units and reduce-scatters.
+type Report = (Vec<f32>, usize, usize, u64);
+
+fn train(config: AcceleratorConfig, world: usize) -> Vec<Report> {
+    let initial = vit(8);
+    let devices = vec![Default::default(); world];
+    Accelerator::<B>::launch(config, devices, move |mut acc| {
+        let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        let items = digits::load()?[..96].to_vec();
+        let loader = acc.dataloader(items, BATCHER, 8)?;
+        for batch in loader.epoch(0) {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, &mut optim, &mut 1e-3)?;
+        }
+        let held = model.num_params();
+        let (units, scatters) = acc.fsdp().map_or((0, 0), |f| {
+            (
+                f.layout().map_or(0, |l| l.unit_paths().len()),
+                f.reduce_scatters(),
+            )
+        });
+        let full = acc.full_model(&model)?;
+        Ok((flatten(&params(&full)), held, units, scatters))
+    })
+    .unwrap()
+}
+
+#[test]
+fn fsdp_equals_ddp_at_two_and_four_workers_with_1_over_n_of_the_parameters() {
+    let _rng = rng_lock();
+    let total = flatten(&params(&vit(8))).len();
+    for world in [2, 4] {
+        let ddp = train(config(Strategy::Ddp), world);
+        let fsdp = train(config(Strategy::Fsdp), world);
+        assert!(
+            fsdp.iter().all(|r| r.0 == fsdp[0].0),
+            "every rank gathers the same model"
+        );
+        let err = max_rel(&fsdp[0].0, &ddp[0].0, 1e-3);
+        let held: Vec<f64> = fsdp.iter().map(|r| r.1 as f64 / total as f64).collect();
+        println!(
+            "fsdp (full, per TransformerEncoderLayer) vs ddp at {world} workers: max relative \
+             difference {err:e}; parameters held per rank {held:.3?} of {total}; {} units",
+            fsdp[0].2
+        );
+        assert!(err <= 1e-5, "world {world}: {err}");
+        assert!(ddp.iter().all(|r| r.1 == total));
+        for h in held {
+            assert!(h <= 1.0 / world as f64 + 0.01, "world {world}: {h}");
+        }
+        // The ViT's blocks are units, the rest the root unit; one reduce-scatter per unit
+        // per micro-batch (96 items / world / 8 per micro-batch).
+        let blocks = 2;
+        assert_eq!(fsdp[0].2, blocks + 1);
+        let micro_batches = 96 / 8 / world as u64;
+        assert_eq!(fsdp[0].3, micro_batches * (blocks as u64 + 1));
+    }
+}
+
+#[test]
+fn grad_op_bf16_and_checkpointing_compose() {
+    let _rng = rng_lock();
+    let mixed = |strategy| AcceleratorConfig {
+        precision: Precision::Bf16Mixed,
+        ..config(strategy)
+    };
+    let ddp = train(mixed(Strategy::Ddp), 2);
+    let fsdp = train(
+        AcceleratorConfig {
+            gradient_checkpointing: CheckpointPolicy::All,
+            ..mixed(Strategy::Fsdp)
+        },
+        2,
+    );
+    let err = max_rel(&fsdp[0].0, &ddp[0].0, 1e-3);
+    println!("fsdp full + bf16-mixed + checkpointing all vs ddp bf16-mixed: {err:e}");
+    assert!(err <= 1e-5, "{err}");
+    let grad_op = train(
+        AcceleratorConfig {
+            fsdp_sharding_strategy: ShardingStrategy::GradOp,
+            fsdp_auto_wrap_policy: AutoWrapPolicy::Size(5000),
+            ..mixed(Strategy::Fsdp)
+        },
+        2,
+    );
+    let err = max_rel(&grad_op[0].0, &ddp[0].0, 1e-3);
+    println!(
+        "fsdp grad-op (size:5000, {} units) + bf16-mixed vs ddp: {err:e}",
+        grad_op[0].2
+    );
+    assert!(err <= 1e-5, "{err}");
+}
+
+#[test]
+fn a_rank_failing_mid_step_stops_every_rank() {
+    let _rng = rng_lock();
+    let initial = vit(8);
+    let started = std::time::Instant::now();
+    let result = Accelerator::<B>::launch(
+        AcceleratorConfig {
+            collective_timeout_s: 5.0,
+            ..config(Strategy::Fsdp)
+        },
+        vec![Default::default(); 2],
+        move |mut acc| {
+            let model = acc.setup_model(initial.clone())?;
+            let items = digits::load()?[..16].to_vec();
+            let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            if acc.rank() == 1 {
+                // Dies between its forward and backward: rank 0 waits in a reduce-scatter.
+                return Err(AccelerateError::Usage("rank 1 gave up".into()));
+            }
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            Ok(())
+        },
+    );
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("rank 1 gave up"), "{err}");
+    assert!(
+        started.elapsed().as_secs() < 5,
+        "stopped in {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn fsdp_settings_parse_and_name_typos() {
+    let c: AcceleratorConfig = serde_json::from_str(
+        r#"{"strategy": "fsdp", "fsdp_sharding_strategy": "SHARD_GRAD_OP",
+            "fsdp_auto_wrap_policy": "size:1000"}"#,
+    )
+    .unwrap();
+    assert_eq!(c.strategy, Strategy::Fsdp);
+    assert_eq!(c.fsdp_sharding_strategy, ShardingStrategy::GradOp);
+    assert_eq!(c.fsdp_auto_wrap_policy, AutoWrapPolicy::Size(1000));
+    let err = serde_json::from_str::<AcceleratorConfig>(r#"{"fsdp_sharding_strategy": "half"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("half") && err.contains("grad-op"), "{err}");
+}
