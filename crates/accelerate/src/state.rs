@@ -15,12 +15,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use afterburner_parallel::{ProcessGroup, ReduceOp};
 use afterburner_precision::{GradScalerState, Precision};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::accelerator::Counters;
@@ -33,6 +35,8 @@ const MODEL: &str = "model.mpk";
 const OPTIMIZER: &str = "optimizer.mpk";
 const SCHEDULER: &str = "scheduler.mpk";
 const ACCELERATOR: &str = "accelerator.json";
+/// Directory name prefix of one rank's part of a sharded state.
+const RANK_PREFIX: &str = "rank-";
 
 type StateRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
@@ -65,7 +69,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// a state directory (it is never overwritten then).
     ///
     /// Under DDP, rank 0 writes (every replica is identical) and every rank waits until it has.
-    /// Under zero-1 it is refused (each rank holds part of the optimizer state).
+    /// Under `zero-1` and `fsdp` each rank holds a different part of the state: every rank
+    /// writes its own complete state directory, `dir/rank-<r>-of-<n>` (the sharded state, one
+    /// per rank, loadable at the same world size), and the call fails on every rank if it
+    /// failed on any. For the full weights, gather them with
+    /// [`full_model`](Self::full_model).
     pub fn save_state<M, O, S>(
         &self,
         dir: impl AsRef<Path>,
@@ -78,21 +86,13 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        if self.fsdp.is_some() {
-            return Err(AccelerateError::Usage(
-                "save_state() under strategy fsdp is not supported yet: parameters and \
-                 optimizer state are split across ranks; save the gathered weights with \
-                 full_model() for now"
-                    .into(),
-            ));
-        }
-        if self.config.strategy == crate::Strategy::Zero1 {
-            return Err(AccelerateError::Usage(
-                "save_state() under strategy zero-1 is not supported yet: the optimizer state \
-                 is split across ranks and a save would keep rank 0's part only; use ddp to \
-                 save resumable states"
-                    .into(),
-            ));
+        if self.is_sharded() {
+            let written = self.write_rank_state(dir.as_ref(), model, optimizer, scheduler);
+            self.all_ranks_succeeded(&written, "save_state")?;
+            if self.is_main_process() {
+                remove_other_world_sizes(dir.as_ref(), self.world_size());
+            }
+            return written;
         }
         let written = if self.is_main_process() {
             self.write_state(dir.as_ref(), model, optimizer, scheduler)
@@ -166,7 +166,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// Restores a state saved by [`save_state`](Self::save_state): returns the model, optimizer
     /// and scheduler and restores this Accelerator's counters, loss scale, RNG stream and data
-    /// position. Every file is verified first; on any error nothing is changed.
+    /// position. Every file is verified first; on any error nothing is changed. Under `zero-1`
+    /// and `fsdp` each rank loads its own directory (pass the model `setup` returned); if any
+    /// rank cannot, every rank returns an error and none changes.
     pub fn load_state<M, O, S>(
         &mut self,
         dir: impl AsRef<Path>,
@@ -179,7 +181,99 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        let dir = dir.as_ref();
+        if !self.is_sharded() {
+            let decoded = self.decode(dir.as_ref())?;
+            return Ok(self.apply(decoded, model, optimizer, scheduler));
+        }
+        let mine = self.rank_dir(dir.as_ref());
+        let decoded = match mine.is_dir() {
+            true => self.decode(&mine),
+            false => Err(missing_rank_dir(dir.as_ref(), &mine, self.world_size())),
+        };
+        self.all_ranks_succeeded(&decoded, "load_state")?;
+        let (model, optimizer, scheduler) = self.apply(decoded?, model, optimizer, scheduler);
+        if let Some(fsdp) = &self.fsdp {
+            fsdp.after_step(&model)?;
+        }
+        Ok((model, optimizer, scheduler))
+    }
+
+    /// Whether every rank holds a different part of the state (`zero-1`, sharded `fsdp`).
+    fn is_sharded(&self) -> bool {
+        self.fsdp.is_some() || self.config.strategy == crate::Strategy::Zero1
+    }
+
+    fn rank_dir(&self, dir: &Path) -> PathBuf {
+        dir.join(format!(
+            "{RANK_PREFIX}{:05}-of-{:05}",
+            self.rank(),
+            self.world_size()
+        ))
+    }
+
+    /// This rank's part of a sharded save.
+    fn write_rank_state<M, O, S>(
+        &self,
+        dir: &Path,
+        model: &M,
+        optimizer: &O,
+        scheduler: &S,
+    ) -> Result<(), AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
+        if dir.join(MANIFEST).is_file() {
+            return Err(AccelerateError::Usage(format!(
+                "refusing to write a sharded state into {}: it holds a single-rank state",
+                dir.display()
+            )));
+        }
+        if let Ok(entries) = fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !(name.starts_with(RANK_PREFIX) || name.starts_with('.')) {
+                    return Err(AccelerateError::Usage(format!(
+                        "refusing to write a sharded state into {}: it holds '{name}', which is \
+                         not part of an afterburner state",
+                        dir.display()
+                    )));
+                }
+            }
+        }
+        self.write_state(&self.rank_dir(dir), model, optimizer, scheduler)
+    }
+
+    /// Tells every rank whether every rank's `result` is Ok; an error on another rank becomes
+    /// an error here too.
+    fn all_ranks_succeeded<T>(
+        &self,
+        result: &Result<T, AccelerateError>,
+        what: &str,
+    ) -> Result<(), AccelerateError> {
+        let Some(ddp) = &self.ddp else {
+            return Ok(());
+        };
+        let ok = f32::from(u8::from(result.is_ok()));
+        let flags = Tensor::<B::InnerBackend, 1>::from_floats([ok], &self.device);
+        let sum = ddp.group().all_reduce(flags, ReduceOp::Sum)?.into_scalar();
+        let failed = self.world_size() - sum.elem::<f32>().round() as usize;
+        if failed > 0 && result.is_ok() {
+            return Err(AccelerateError::Usage(format!(
+                "{what} failed on {failed} other rank(s); nothing was changed here"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads and decodes a state directory without changing anything.
+    fn decode<M, O, S>(&self, dir: &Path) -> Result<Decoded<B, M, O, S>, AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
         let files = read_verified(dir)?;
         let get = |name: &str| -> Result<Vec<u8>, AccelerateError> {
             files
@@ -197,16 +291,45 @@ impl<B: AutodiffBackend> Accelerator<B> {
             let path = dir.join(name);
             move |e: burn::record::RecorderError| AccelerateError::corrupt(path, e)
         };
-        let model_record =
+        let model =
             Recorder::<B>::load(&recorder, get(MODEL)?, &self.device).map_err(decode(MODEL))?;
-        let optim_record = Recorder::<B>::load(&recorder, get(OPTIMIZER)?, &self.device)
+        let optimizer = Recorder::<B>::load(&recorder, get(OPTIMIZER)?, &self.device)
             .map_err(decode(OPTIMIZER))?;
-        let sched_record = Recorder::<B>::load(&recorder, get(SCHEDULER)?, &self.device)
+        let scheduler = Recorder::<B>::load(&recorder, get(SCHEDULER)?, &self.device)
             .map_err(decode(SCHEDULER))?;
         let mut scaler = self.scaler.clone();
         if let (Some(scaler), Some(saved)) = (&mut scaler, state.scaler) {
             scaler.load_state(saved)?;
         }
+        Ok(Decoded {
+            state,
+            scaler,
+            model,
+            optimizer,
+            scheduler,
+        })
+    }
+
+    /// Applies a decoded state (cannot fail).
+    fn apply<M, O, S>(
+        &mut self,
+        decoded: Decoded<B, M, O, S>,
+        model: M,
+        optimizer: O,
+        scheduler: S,
+    ) -> (M, O, S)
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
+        let Decoded {
+            state,
+            scaler,
+            model: model_record,
+            optimizer: optim_record,
+            scheduler: sched_record,
+        } = decoded;
         if state.precision != self.config.precision {
             tracing::warn!(saved = %state.precision, now = %self.config.precision, "resuming under another precision");
         }
@@ -217,8 +340,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 "resuming with the saved seed"
             );
         }
-
-        // Everything decoded: now apply.
         let model = self.to_param_dtype(model.load_record(model_record));
         self.scaler = scaler;
         self.config.seed = state.seed;
@@ -228,11 +349,53 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = state.data;
         self.reseed();
-        Ok((
+        (
             model,
             optimizer.load_record(optim_record),
             scheduler.load_record::<B>(sched_record),
-        ))
+        )
+    }
+}
+
+/// A state read back, not applied yet.
+struct Decoded<B: AutodiffBackend, M: AutodiffModule<B>, O: Optimizer<M, B>, S: LrScheduler> {
+    state: AcceleratorState,
+    scaler: Option<afterburner_precision::GradScaler>,
+    model: M::Record,
+    optimizer: O::Record,
+    scheduler: S::Record<B>,
+}
+
+/// The error for a sharded load whose rank directory is missing, naming what is there.
+fn missing_rank_dir(dir: &Path, mine: &Path, world: usize) -> AccelerateError {
+    let mut found: Vec<String> = fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(RANK_PREFIX))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    AccelerateError::Usage(format!(
+        "no sharded state for this rank at {} (world size {world}); found: [{}]. A sharded \
+         state loads at the world size it was saved with",
+        mine.display(),
+        found.join(", ")
+    ))
+}
+
+/// After a sharded save, drops rank directories of other world sizes (older saves).
+fn remove_other_world_sizes(dir: &Path, world: usize) {
+    let current = format!("-of-{world:05}");
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(RANK_PREFIX) && !name.ends_with(&current) {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 mod common;
 
 use afterburner::data::{ImageBatcher, digits};
+use afterburner::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, Precision,
     ShardingStrategy, Strategy,
@@ -171,4 +172,117 @@ fn fsdp_settings_parse_and_name_typos() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("half") && err.contains("grad-op"), "{err}");
+}
+
+/// Trains `epochs` of 48 digits (3 optimizer steps each).
+fn epochs<O: burn::optim::Optimizer<Vit<B>, B>>(
+    acc: &mut Accelerator<B>,
+    mut model: Vit<B>,
+    optim: &mut O,
+    range: std::ops::Range<usize>,
+) -> Result<Vit<B>, AccelerateError> {
+    let items = digits::load()?[..48].to_vec();
+    let loader = acc.dataloader(items, BATCHER, 8)?;
+    for epoch in range {
+        for batch in loader.epoch(epoch) {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, optim, &mut 1e-3)?;
+        }
+    }
+    Ok(model)
+}
+
+/// Per rank, the full parameters after two epochs of 48 digits (3 steps each) under
+/// `strategy`: straight through, or saved after epoch 0 and resumed by new Accelerators.
+fn two_epochs(strategy: Strategy, dir: Option<std::path::PathBuf>) -> Vec<Vec<f32>> {
+    let initial = vit(8);
+    let devices = vec![Default::default(); 2];
+    let first = dir.clone();
+    let ranks = Accelerator::<B>::launch(config(strategy), devices.clone(), move |mut acc| {
+        let (model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        let last = if first.is_some() { 1 } else { 2 };
+        let model = epochs(&mut acc, model, &mut optim, 0..last)?;
+        if let Some(dir) = &first {
+            acc.save_state(dir, &model, &optim, &1e-3)?;
+        }
+        Ok(flatten(&params(&acc.full_model(&model)?)))
+    })
+    .unwrap();
+    let Some(dir) = dir else { return ranks };
+    let fresh = vit(9); // other weights: the loaded state must replace them
+    Accelerator::<B>::launch(config(strategy), devices, move |mut acc| {
+        let (model, optim) = acc.setup(fresh.clone(), AdamWConfig::new().init())?;
+        let (model, mut optim, _) = acc.load_state(&dir, model, optim, 1e-3)?;
+        assert_eq!(acc.data_position(), (1, 0));
+        let model = epochs(&mut acc, model, &mut optim, 1..2)?;
+        Ok(flatten(&params(&acc.full_model(&model)?)))
+    })
+    .unwrap()
+}
+
+#[test]
+fn sharded_states_resume_exactly_and_only_at_their_world_size() {
+    let _rng = rng_lock();
+    for strategy in [Strategy::Fsdp, Strategy::Zero1] {
+        let dir = std::env::temp_dir().join(format!(
+            "afterburner-sharded-{strategy}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let straight = two_epochs(strategy, None);
+        let resumed = two_epochs(strategy, Some(dir.clone()));
+        assert_eq!(
+            resumed[0], straight[0],
+            "{strategy}: resumed = straight, bitwise"
+        );
+        let mut parts: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        parts.sort();
+        assert_eq!(parts, ["rank-00000-of-00002", "rank-00001-of-00002"]);
+
+        // At another world size every rank gets an error naming what is there.
+        let loaded = dir.clone();
+        let errors = Accelerator::<B>::launch(
+            config(strategy),
+            vec![Default::default(); 4],
+            move |mut acc| {
+                let (model, optim) = acc.setup(vit(8), AdamWConfig::new().init())?;
+                Ok(acc
+                    .load_state(&loaded, model, optim, 1e-3)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default())
+            },
+        )
+        .unwrap();
+        for e in &errors {
+            assert!(
+                e.contains("rank-00000-of-00002") || e.contains("other rank"),
+                "{e}"
+            );
+        }
+        // A corrupt part fails every rank's load, and nothing changes.
+        let part = dir.join("rank-00001-of-00002").join("optimizer.mpk");
+        let mut bytes = std::fs::read(&part).unwrap();
+        bytes[10] ^= 0xFF;
+        std::fs::write(&part, bytes).unwrap();
+        let loaded = dir.clone();
+        let errors = Accelerator::<B>::launch(
+            config(strategy),
+            vec![Default::default(); 2],
+            move |mut acc| {
+                let (model, optim) = acc.setup(vit(8), AdamWConfig::new().init())?;
+                let err = acc.load_state(&loaded, model, optim, 1e-3).err();
+                assert_eq!(acc.counters().optimizer_steps, 0, "nothing applied");
+                Ok(err.map(|e| e.to_string()).unwrap_or_default())
+            },
+        )
+        .unwrap();
+        assert!(errors[1].contains("optimizer.mpk"), "{errors:?}");
+        assert!(errors[0].contains("other rank"), "{errors:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
 
@@ -16,7 +16,6 @@ use super::AutoWrapPolicy;
 /// One float parameter of the sharded model.
 #[derive(Debug, Clone)]
 pub(crate) struct ParamSlot {
-    pub(crate) id: ParamId,
     /// Full shape.
     pub(crate) shape: Vec<usize>,
     /// Elements of the full parameter.
@@ -78,7 +77,6 @@ impl ShardLayout {
             let chunk = numel.div_ceil(world);
             units[unit].slots.push(slots.len());
             slots.push(ParamSlot {
-                id: found.id,
                 shape: found.shape,
                 numel,
                 chunk,
@@ -119,7 +117,6 @@ impl ShardLayout {
 
 /// A parameter as the walk saw it.
 struct Found {
-    id: ParamId,
     shape: Vec<usize>,
     dtype: DType,
     /// Module names from the root (the parameter's own field name last).
@@ -148,7 +145,6 @@ impl<B: Backend> ModuleVisitor<B> for Walk {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let value = param.val();
         self.params.push(Found {
-            id: param.id,
             shape: value.dims().to_vec(),
             dtype: value.dtype(),
             path: self.stack.iter().map(|(n, _)| n.clone()).collect(),

@@ -65,7 +65,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// The next slot when `param` matches it (`ParamId`, and the shape: full or shard form).
+    /// The next slot when `param` (`id` for messages) has its shape (full or shard form).
     fn advance(
         &mut self,
         id: burn::module::ParamId,
@@ -87,7 +87,8 @@ impl<'a> Cursor<'a> {
             (slot, dims)
         });
         match expected {
-            Some((slot, want)) if slot.id == id && want == dims => Some(slot),
+            // Shapes, not `ParamId`s: loading a record gives parameters the saved ids.
+            Some((slot, want)) if want == dims => Some(slot),
             _ => {
                 self.error = Some(ParallelError::Mismatch {
                     rank: layout.rank,
