@@ -1,5 +1,6 @@
-//! The DDP suite: throughput of 1 vs 2 in-process CPU workers at the same global batch, the
-//! gradient all-reduce's size and time, and per-rank training-state bytes. Writes
+//! The DDP suite: throughput of 1 vs 2 in-process CPU workers at the same global batch (DDP
+//! and FSDP), the gradient all-reduce's size and time, values communicated per step, and
+//! per-rank training-state bytes for DDP, zero-1 and FSDP next to ZeRO's formulas. Writes
 //! `bench-results/ddp-<backend>.{json,md}`.
 
 use std::fmt::Write as _;
@@ -7,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
 use afterburner::models::{Vit, VitConfig};
-use afterburner::parallel::{LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp};
+use afterburner::parallel::{
+    AutoWrapPolicy, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, ShardLayout,
+};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::backend::Autodiff;
 use burn::module::Module;
@@ -34,17 +37,32 @@ fn vit<B: Backend>(device: &B::Device) -> Vit<B> {
         .init(device)
 }
 
-/// Mean time per optimizer step of `workers` ranks sharing a global batch of `2 x batch_size`,
-/// and rank 0's gradient all-reduces per optimizer step.
-fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<(Duration, f64), String> {
+/// The FSDP units of the bench model: one per transformer block, plus the root.
+fn fsdp_units() -> AutoWrapPolicy {
+    AutoWrapPolicy::Modules(vec!["TransformerEncoderLayer".into()])
+}
+
+/// What one timed run measured.
+struct Timing {
+    /// Mean time per optimizer step (slowest rank).
+    step: Duration,
+    /// Rank 0's gradient all-reduces per optimizer step.
+    all_reduces: f64,
+    /// Rank 0's values gathered + reduce-scattered per optimizer step (FSDP).
+    fsdp_values: f64,
+}
+
+/// Times `workers` ranks under `strategy` sharing a global batch of `2 x batch_size`.
+fn step_time<I: Backend>(
+    o: &Options,
+    workers: usize,
+    strategy: Strategy,
+) -> Result<Timing, String> {
     type Ad<I> = Autodiff<I>;
     let device = I::Device::default();
     let config = AcceleratorConfig {
-        strategy: if workers > 1 {
-            Strategy::Ddp
-        } else {
-            Strategy::SingleDevice
-        },
+        strategy,
+        fsdp_auto_wrap_policy: fsdp_units(),
         seed: 0,
         ..Default::default()
     };
@@ -53,7 +71,7 @@ fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<(Duration, f64),
     let items = digits::load().map_err(|e| e.to_string())?;
     let per_rank = 2 * o.batch_size / workers;
     let (steps, warmup) = (o.steps, o.warmup);
-    let run = move |mut acc: Accelerator<Ad<I>>| -> Result<(Duration, f64), AccelerateError> {
+    let run = move |mut acc: Accelerator<Ad<I>>| -> Result<(Duration, f64, f64), AccelerateError> {
         let (mut model, mut optim) = acc.setup(model.clone(), AdamWConfig::new().init())?;
         let batcher = ImageBatcher {
             channels: 1,
@@ -88,9 +106,11 @@ fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<(Duration, f64),
         }
         <Ad<I> as Backend>::sync(acc.device()).ok();
         let steps_taken = acc.counters().optimizer_steps.max(1) as f64;
+        let moved = acc.fsdp().map_or(0, |f| f.values_moved()) as f64;
         Ok((
             start.elapsed() / steps as u32,
             acc.gradient_all_reduces() as f64 / steps_taken,
+            moved / steps_taken,
         ))
     };
     let times = if workers > 1 {
@@ -102,7 +122,11 @@ fn step_time<I: Backend>(o: &Options, workers: usize) -> Result<(Duration, f64),
     }
     .map_err(|e| e.to_string())?;
     let slowest = times.iter().map(|t| t.0).max().unwrap_or_default();
-    Ok((slowest, times.first().map_or(0.0, |t| t.1)))
+    Ok(Timing {
+        step: slowest,
+        all_reduces: times.first().map_or(0.0, |t| t.1),
+        fsdp_values: times.first().map_or(0.0, |t| t.2),
+    })
 }
 
 /// Per-rank bytes of f32 parameters, gradients and AdamW state (two values per parameter) when
@@ -115,6 +139,14 @@ fn state_bytes_per_rank<I: Backend>(world: usize) -> usize {
         .unwrap_or(0);
     let params = model.num_params();
     4 * params + 4 * params + 8 * most_owned
+}
+
+/// Per-rank bytes of f32 parameters, gradients and AdamW state under FSDP `full` at `world`
+/// ranks (the largest rank: every rank keeps the same padded chunks), from the real layout.
+fn fsdp_bytes_per_rank<I: Backend>(world: usize) -> usize {
+    let model = vit::<I>(&Default::default());
+    let local = ShardLayout::new(&model, &fsdp_units(), 0, world).local_elements();
+    16 * local
 }
 
 /// Mean time of an all-reduce of `len` f32 across 2 in-process workers.
@@ -156,16 +188,33 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         vit::<I>(&Default::default()).visit(&mut Count(&mut n));
         n
     };
-    let mut best = [Duration::MAX; 2];
-    let mut all_reduces_per_step = f64::NAN;
+    // Single device, DDP and FSDP on 2 workers; the order alternates between rounds.
+    let runs = [
+        (1, Strategy::SingleDevice),
+        (2, Strategy::Ddp),
+        (2, Strategy::Fsdp),
+    ];
+    let mut best = [Duration::MAX; 3];
+    let (mut all_reduces_per_step, mut fsdp_values) = (f64::NAN, f64::NAN);
     for round in 0..o.rounds {
-        for k in 0..2 {
-            let workers = if round % 2 == 0 { k + 1 } else { 2 - k };
-            eprintln!("ddp round {}/{}: {workers} worker(s)", round + 1, o.rounds);
-            let (t, per_step) = step_time::<I>(o, workers)?;
-            best[workers - 1] = best[workers - 1].min(t);
-            if workers == 2 {
-                all_reduces_per_step = per_step;
+        for k in 0..runs.len() {
+            let i = if round % 2 == 0 {
+                k
+            } else {
+                runs.len() - 1 - k
+            };
+            let (workers, strategy) = runs[i];
+            eprintln!(
+                "ddp round {}/{}: {workers} worker(s), {strategy}",
+                round + 1,
+                o.rounds
+            );
+            let t = step_time::<I>(o, workers, strategy)?;
+            best[i] = best[i].min(t.step);
+            match strategy {
+                Strategy::Ddp => all_reduces_per_step = t.all_reduces,
+                Strategy::Fsdp => fsdp_values = t.fsdp_values,
+                _ => {}
             }
         }
     }
@@ -178,6 +227,16 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         row(
             "2 workers: speed vs 1 worker",
             ms(best[0]) / ms(best[1]),
+            "x",
+        ),
+        row(
+            "2 workers, fsdp full (unit per block): ms/step",
+            ms(best[2]),
+            "ms",
+        ),
+        row(
+            "fsdp full vs ddp, 2 workers: time",
+            ms(best[2]) / ms(best[1]),
             "x",
         ),
         row(
@@ -196,6 +255,11 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             "ms",
         ),
         row(
+            "fsdp full, 2 workers: bytes gathered + reduce-scattered per step (f32, counted)",
+            4.0 * fsdp_values,
+            "B",
+        ),
+        row(
             "per-rank f32 params + grads + AdamW state, DDP",
             state_bytes_per_rank::<I>(1) as f64,
             "B",
@@ -208,6 +272,31 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         row(
             "same, zero-1 at 4 ranks (largest rank's share)",
             state_bytes_per_rank::<I>(4) as f64,
+            "B",
+        ),
+        row(
+            "same, fsdp full at 2 ranks (padded shards)",
+            fsdp_bytes_per_rank::<I>(2) as f64,
+            "B",
+        ),
+        row(
+            "same, fsdp full at 4 ranks (padded shards)",
+            fsdp_bytes_per_rank::<I>(4) as f64,
+            "B",
+        ),
+        row(
+            "ZeRO formula 16 B/param (DDP; = 4+4+8 in f32 here)",
+            16.0 * params as f64,
+            "B",
+        ),
+        row(
+            "ZeRO-3 formula 16 B/param / N, N = 2",
+            16.0 * params as f64 / 2.0,
+            "B",
+        ),
+        row(
+            "ZeRO-3 formula 16 B/param / N, N = 4",
+            16.0 * params as f64 / 4.0,
             "B",
         ),
     ];
