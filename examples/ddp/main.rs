@@ -6,7 +6,8 @@
 //! cargo run --release --example ddp -- --workers 2 --epochs 10
 //! ```
 //! Options: --workers N (default 2; on the CPU each worker is a thread), --epochs N,
-//! --batch-size N (per worker), --strategy ddp|zero-1.
+//! --batch-size N (per worker), --strategy ddp|zero-1|fsdp (fsdp: one unit per transformer
+//! block, parameters, gradients and optimizer state sharded across the workers).
 
 #[path = "../minimal/backend.rs"]
 mod backend;
@@ -41,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (train, test) = train_test_split(digits::load()?, 0.2, 0);
     let config = AcceleratorConfig {
         strategy,
+        fsdp_auto_wrap_policy: "TransformerEncoderLayer".parse()?,
         ..Default::default()
     };
     // Flex keeps one RNG per process: build the model once, before the workers start.

@@ -4,16 +4,10 @@
 
 mod common;
 
-use afterburner::data::{ImageBatcher, digits};
+use afterburner::data::digits;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::optim::SgdConfig;
 use common::*;
-
-const BATCHER: ImageBatcher = ImageBatcher {
-    channels: 1,
-    height: 8,
-    width: 8,
-};
 
 fn config(strategy: Strategy) -> AcceleratorConfig {
     AcceleratorConfig {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use afterburner::data::{ImageBatcher, digits};
+use afterburner::data::digits;
 use afterburner::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, Precision,
@@ -13,12 +13,6 @@ use afterburner::{
 use burn::module::Module;
 use burn::optim::AdamWConfig;
 use common::*;
-
-const BATCHER: ImageBatcher = ImageBatcher {
-    channels: 1,
-    height: 8,
-    width: 8,
-};
 
 fn config(strategy: Strategy) -> AcceleratorConfig {
     AcceleratorConfig {

@@ -1,14 +1,16 @@
 //! DDP on 2 CPU workers equals single-device training on the combined batch.
 
+mod common;
+
 use afterburner_parallel::{Ddp, LaunchConfig, ProcessGroup, launch};
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Flex;
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
+use common::*;
 
-type B = Autodiff<Flex>;
 const STEPS: usize = 5;
 const BATCH: usize = 8; // per worker; the single-device run uses 2 x BATCH
 
@@ -36,24 +38,6 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-fn params<B: Backend, M: Module<B>>(m: &M) -> Vec<f32> {
-    struct Collect(Vec<f32>);
-    impl<B: Backend> ModuleVisitor<B> for Collect {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            self.0.extend(
-                p.val()
-                    .into_data()
-                    .convert::<f32>()
-                    .to_vec::<f32>()
-                    .unwrap(),
-            );
-        }
-    }
-    let mut c = Collect(Vec::new());
-    m.visit(&mut c);
-    c.0
-}
-
 /// Fixed data: per step, 2 x BATCH rows of 6 features and 3 targets.
 fn data() -> Vec<(Vec<f32>, Vec<f32>)> {
     let device = Default::default();
@@ -70,14 +54,6 @@ fn data() -> Vec<(Vec<f32>, Vec<f32>)> {
             )
         })
         .collect()
-}
-
-fn rows(values: &[f32], cols: usize, from: usize, n: usize) -> Tensor<B, 2> {
-    let slice = values[from * cols..(from + n) * cols].to_vec();
-    Tensor::from_data(
-        burn::tensor::TensorData::new(slice, [n, cols]),
-        &Default::default(),
-    )
 }
 
 /// Mean squared error of `model` on rows `from..from + n` of a step's data, times `scale`.
@@ -164,17 +140,6 @@ fn data_parallel(micro: usize) -> Vec<(Vec<f32>, u64)> {
         },
     )
     .unwrap()
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
-}
-
-/// Flex's RNG is process-wide: the tests of this file take turns.
-fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[test]

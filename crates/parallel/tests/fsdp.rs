@@ -1,19 +1,21 @@
 //! FSDP (full and grad-op) on 2 and 4 CPU workers trains exactly like DDP, while each rank
 //! keeps about 1/N of the parameters and optimizer state.
 
+mod common;
+
 use afterburner_parallel::{
     AutoWrapPolicy, Ddp, Fsdp, FsdpConfig, LaunchConfig, ProcessGroup, ShardingStrategy,
     SharedGroup, launch,
 };
-use burn::backend::{Autodiff, Flex};
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::backend::Flex;
+use burn::module::{AutodiffModule, Module};
 use burn::nn::{Gelu, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Tensor, TensorData};
+use burn::tensor::{Distribution, Tensor};
+use common::*;
 
-type B = Autodiff<Flex>;
 const STEPS: usize = 5;
 const BATCH: usize = 4; // per worker
 const WIDTH: usize = 33; // odd: shards need padding
@@ -64,19 +66,6 @@ impl<B: Backend> Net<B> {
     }
 }
 
-fn params<B: Backend, M: Module<B>>(m: &M) -> Vec<f32> {
-    struct Collect(Vec<f32>);
-    impl<B: Backend> ModuleVisitor<B> for Collect {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            let values = p.val().into_data().convert::<f32>();
-            self.0.extend(values.to_vec::<f32>().unwrap());
-        }
-    }
-    let mut c = Collect(Vec::new());
-    m.visit(&mut c);
-    c.0
-}
-
 /// Fixed data: per step, 4 x BATCH rows (enough for 4 workers) of 6 features, 3 targets.
 fn data() -> Vec<(Vec<f32>, Vec<f32>)> {
     let device = Default::default();
@@ -89,11 +78,6 @@ fn data() -> Vec<(Vec<f32>, Vec<f32>)> {
             .unwrap()
     };
     (0..STEPS).map(|_| (random(6), random(3))).collect()
-}
-
-fn rows(values: &[f32], cols: usize, from: usize, n: usize) -> Tensor<B, 2> {
-    let slice = values[from * cols..(from + n) * cols].to_vec();
-    Tensor::from_data(TensorData::new(slice, [n, cols]), &Default::default())
 }
 
 /// Mean squared error of `model` on this rank's rows of a step.
@@ -177,18 +161,6 @@ fn train(world: usize, fsdp: Option<FsdpConfig>) -> Vec<Report> {
         },
     )
     .unwrap()
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
-}
-
-/// Flex's RNG is process-wide: the tests of this file take turns.
-fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn blocks() -> AutoWrapPolicy {

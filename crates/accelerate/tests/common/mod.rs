@@ -13,6 +13,13 @@ use burn::tensor::{DType, Tensor};
 
 pub type B = Autodiff<Flex>;
 
+/// Batches the 8x8 one-channel digits.
+pub const BATCHER: ImageBatcher = ImageBatcher {
+    channels: 1,
+    height: 8,
+    width: 8,
+};
+
 /// Flex keeps one process-wide RNG and the Accelerator seeds it: every test of a binary that
 /// builds models or accelerators holds this lock for its whole run.
 static RNG_LOCK: Mutex<()> = Mutex::new(());
