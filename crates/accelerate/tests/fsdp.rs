@@ -280,3 +280,29 @@ fn sharded_states_resume_exactly_and_only_at_their_world_size() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+#[test]
+fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
+    let _rng = rng_lock();
+    let initial = vit(8);
+    let errors = Accelerator::<B>::launch(
+        config(Strategy::Fsdp),
+        vec![Default::default(); 2],
+        move |mut acc| {
+            let _sharded = acc.setup_model(initial.clone())?;
+            let items = digits::load()?[..16].to_vec();
+            let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
+            // The full model instead of the sharded one `setup` returned.
+            let full = initial.clone();
+            let logits = acc.forward(&full, batch.images.clone(), |m, x| m.forward(x));
+            let err = acc
+                .backward(cross_entropy(logits, &batch), &full)
+                .unwrap_err();
+            Ok(err.to_string())
+        },
+    )
+    .unwrap();
+    for e in errors {
+        assert!(e.contains("not the one FSDP sharded"), "{e}");
+    }
+}

@@ -144,18 +144,26 @@ where
 
     /// A model for one forward pass: same `ParamId`s, full parameters gathered lazily per unit
     /// (with `compute`, cast to that dtype through a differentiable cast: the autocast view).
-    /// Build a new view for every forward pass.
+    /// Build a new view for every forward pass. Every rank must run the same forward passes
+    /// (each unit's first read is a collective). An error is also kept for
+    /// [`check`](Self::check).
     pub fn view<M: Module<B>>(
         &self,
         sharded: &M,
         compute: Option<DType>,
     ) -> Result<M, ParallelError> {
-        let layout = self.layout_or_err()?;
-        let replicated = match self.config.sharding {
-            ShardingStrategy::GradOp => Some(self.state().replicated.clone()),
-            _ => None,
-        };
-        view::lazy_view(sharded, &layout, &self.exchange, replicated, compute)
+        let layout = self.layout_or_err();
+        let view = layout.and_then(|layout| {
+            let replicated = match self.config.sharding {
+                ShardingStrategy::GradOp => Some(self.state().replicated.clone()),
+                _ => None,
+            };
+            view::lazy_view(sharded, &layout, &self.exchange, replicated, compute)
+        });
+        if let Err(e) = &view {
+            self.exchange.record(e.clone());
+        }
+        view
     }
 
     /// The whole model, gathered from every rank's shards (every rank gets it; each unit is
