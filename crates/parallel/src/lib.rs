@@ -13,7 +13,8 @@
 //! - [`DistributedSampler`]: disjoint, shuffled per-rank shards.
 //!
 //! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
-//! Not built yet: the MPI engine for processes and nodes.
+//! - [`MpiGroup`] + [`launch_mpi`] (feature `mpi`): one rank per process over MPI, started by
+//!   `mpirun` on one machine or several; a failing rank aborts the whole job.
 
 mod ddp;
 mod error;
@@ -21,6 +22,8 @@ mod fsdp;
 mod group;
 mod launch;
 mod local;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod sampler;
 mod shared;
 mod zero;
@@ -31,6 +34,8 @@ pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy};
 pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch};
 pub use local::LocalGroup;
+#[cfg(feature = "mpi")]
+pub use mpi::{MpiGroup, launch_mpi};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
 pub use zero::OptimizerSharding;

@@ -1,6 +1,8 @@
 //! Helpers shared by the training tests of this crate.
 #![allow(dead_code)]
 
+pub mod mlp;
+
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
