@@ -62,6 +62,31 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(results)
     }
 
+    /// Runs `worker` as this process's rank of an MPI job (`mpirun` starts one process per
+    /// device, on one machine or several, like a torchrun job), with an Accelerator of that
+    /// rank (`strategy = "ddp"`, `"zero-1"` or `"fsdp"`), and returns its result. Feature
+    /// `mpi`. Rank and world size come from the MPI environment. A worker that errors or
+    /// panics, or a collective waiting longer than `collective_timeout_s`, aborts the whole
+    /// job (every process exits with an error). Call it once per process.
+    #[cfg(feature = "mpi")]
+    pub fn launch_mpi<R, F>(
+        config: AcceleratorConfig,
+        device: B::Device,
+        worker: F,
+    ) -> Result<R, AccelerateError>
+    where
+        F: FnOnce(Accelerator<B>) -> Result<R, AccelerateError>,
+    {
+        config.validate()?;
+        let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
+        let result = afterburner_parallel::launch_mpi::<B::InnerBackend, _, AccelerateError, _>(
+            device.clone(),
+            LaunchConfig { timeout },
+            move |group| worker(Self::with_group(config, device, Box::new(group))?),
+        )?;
+        Ok(result)
+    }
+
     /// This process's rank (0 on a single device).
     pub fn rank(&self) -> usize {
         self.ddp.as_ref().map_or(0, |d| d.group().rank())

@@ -6,7 +6,6 @@ mod common;
 
 use afterburner::data::digits;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
-use burn::optim::SgdConfig;
 use common::*;
 
 fn config(strategy: Strategy) -> AcceleratorConfig {
@@ -18,34 +17,12 @@ fn config(strategy: Strategy) -> AcceleratorConfig {
     }
 }
 
-/// Trains the tiny ViT for one epoch of 96 digits in micro-batches of `batch`; returns the
-/// parameters, optimizer steps and gradient all-reduces.
-fn train(
-    acc: &mut Accelerator<B>,
-    model: afterburner::models::Vit<B>,
-    batch: usize,
-) -> Result<(Vec<f32>, u64, u64), AccelerateError> {
-    let (mut model, mut optim) = acc.setup(model, SgdConfig::new().init())?;
-    let items = digits::load()?[..96].to_vec();
-    let loader = acc.dataloader(items, BATCHER, batch)?;
-    for batch in loader.epoch(0) {
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
-        acc.backward(cross_entropy(logits, &batch), &model)?;
-        model = acc.step(model, &mut optim, &mut 0.5)?;
-    }
-    Ok((
-        flatten(&params(&model)),
-        acc.counters().optimizer_steps,
-        acc.gradient_all_reduces(),
-    ))
-}
-
 #[test]
 fn two_workers_equal_one_device_and_sync_once_per_step() {
     let _rng = rng_lock();
     let mut single =
         Accelerator::<B>::new(config(Strategy::SingleDevice), Default::default()).unwrap();
-    let (reference, steps, _) = train(&mut single, vit(5), 16).unwrap();
+    let (reference, steps, _) = train_96_digits(&mut single, vit(5), 16).unwrap();
     assert_eq!(steps, 3);
 
     // Built before launch (Flex has one RNG per process); rank 1 starts from other weights.
@@ -55,7 +32,7 @@ fn two_workers_equal_one_device_and_sync_once_per_step() {
         vec![Default::default(); 2],
         move |mut acc| {
             let model = initial[acc.rank()].clone();
-            train(&mut acc, model, 8)
+            train_96_digits(&mut acc, model, 8)
         },
     )
     .unwrap();

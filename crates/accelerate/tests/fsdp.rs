@@ -71,7 +71,12 @@ fn fsdp_equals_ddp_at_two_and_four_workers_with_1_over_n_of_the_parameters() {
              difference {err:e}; parameters held per rank {held:.3?} of {total}; {} units",
             fsdp[0].2
         );
-        assert!(err <= 1e-5, "world {world}: {err}");
+        // 2 ranks: sums of two values do not depend on their order, so both runs are
+        // deterministic. 4 ranks: burn-collective adds the ranks' tensors in arrival order, so
+        // DDP and FSDP (which reduces per unit and micro-batch) vary in the last bits from run
+        // to run; over 40 runs under load the difference was 8e-7 to 1.3e-5.
+        let tolerance = if world == 2 { 1e-5 } else { 5e-5 };
+        assert!(err <= tolerance, "world {world}: {err}");
         assert!(ddp.iter().all(|r| r.1 == total));
         for h in held {
             assert!(h <= 1.0 / world as f64 + 0.01, "world {world}: {h}");
@@ -292,8 +297,10 @@ fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
             let _sharded = acc.setup_model(initial.clone())?;
             let items = digits::load()?[..16].to_vec();
             let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
-            // The full model instead of the sharded one `setup` returned.
-            let full = initial.clone();
+            // The full model instead of the sharded one `setup` returned. Forked: this rank's
+            // own leaves (Burn 0.21's autodiff graph can deadlock when two threads record ops
+            // on the same tracked tensors).
+            let full = initial.clone().fork(acc.device());
             let logits = acc.forward(&full, batch.images.clone(), |m, x| m.forward(x));
             let err = acc
                 .backward(cross_entropy(logits, &batch), &full)

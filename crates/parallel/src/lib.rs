@@ -35,7 +35,7 @@ pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch};
 pub use local::LocalGroup;
 #[cfg(feature = "mpi")]
-pub use mpi::{MpiGroup, launch_mpi};
+pub use mpi::{LOOPBACK_MPIRUN_FLAGS, LoopbackRun, MpiGroup, launch_mpi, run_on_loopback};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
 pub use zero::OptimizerSharding;

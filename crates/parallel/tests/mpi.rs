@@ -6,68 +6,40 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use afterburner_parallel::{Ddp, LaunchConfig, ProcessGroup, ReduceOp, launch_mpi};
+use afterburner_parallel::{
+    Ddp, LaunchConfig, ProcessGroup, ReduceOp, launch_mpi, run_on_loopback,
+};
 use burn::backend::Flex;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::Tensor;
 use common::mlp::*;
 use common::*;
 
-/// `mpirun` flags for one machine: run as root if need be, more ranks than cores, and TCP on
-/// the loopback interface only.
-const LOOPBACK: &[&str] = &[
-    "--allow-run-as-root",
-    "--oversubscribe",
-    "--mca",
-    "btl",
-    "self,tcp",
-    "--mca",
-    "btl_tcp_if_include",
-    "lo",
-    "--mca",
-    "oob_tcp_if_include",
-    "lo",
-];
-
 fn is_rank() -> bool {
     std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
 }
 
 /// Runs `test` of this binary on `n` ranks under `mpirun` (`mode` reaches the ranks in
-/// `AFTERBURNER_MPI_MODE`); returns whether the job succeeded,
-/// its output, and how long it took. Fails the test if the job outlives `limit`.
+/// `AFTERBURNER_MPI_MODE`); returns whether the job succeeded, its output, and how long it
+/// took. Fails the test if the job outlives `limit` (a hang).
 fn mpirun(test: &str, n: usize, mode: &str, limit: Duration) -> (bool, String, Duration) {
     let _one_job_at_a_time = rng_lock();
-    let dir = std::env::temp_dir();
-    let out_path = dir.join(format!("afterburner-mpi-{test}-{}.log", std::process::id()));
-    let out = std::fs::File::create(&out_path).unwrap();
-    let started = Instant::now();
-    let mut child = Command::new("mpirun")
-        .args(LOOPBACK)
-        .args(["-np", &n.to_string()])
-        .arg(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env("AFTERBURNER_MPI_MODE", mode)
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .expect("mpirun not found: install openmpi-bin (see README)");
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!("the MPI job ran past {limit:?}: a hang");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_path);
-    (status.success(), output, started.elapsed())
+    let run = run_on_loopback(
+        n,
+        &std::env::current_exe().unwrap(),
+        &[test, "--exact", "--nocapture", "--test-threads=1"],
+        &[("AFTERBURNER_MPI_MODE", mode)],
+        limit,
+    )
+    .expect("mpirun not found: install openmpi-bin (see README)");
+    assert!(
+        !run.timed_out,
+        "the MPI job ran past {limit:?}: a hang\n{}",
+        run.output
+    );
+    (run.success, run.output, run.elapsed)
 }
 
 /// One rank: DDP over MPI on this rank's half of every batch; rank 0 also trains the

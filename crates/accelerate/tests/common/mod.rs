@@ -5,10 +5,11 @@ use std::sync::{Mutex, MutexGuard};
 
 use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
 use afterburner::models::{Vit, VitConfig};
+use afterburner::{AccelerateError, Accelerator};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{DType, Tensor};
 
 pub type B = Autodiff<Flex>;
@@ -111,4 +112,26 @@ pub fn vit(seed: u64) -> Vit<B> {
     let model = tiny_vit().init::<B>(&Default::default());
     afterburner::precision::materialize_params(&model);
     model
+}
+
+/// Trains the tiny ViT for one epoch of 96 digits in micro-batches of `batch`; returns the
+/// full parameters, optimizer steps and gradient all-reduces.
+pub fn train_96_digits(
+    acc: &mut Accelerator<B>,
+    model: afterburner::models::Vit<B>,
+    batch: usize,
+) -> Result<(Vec<f32>, u64, u64), AccelerateError> {
+    let (mut model, mut optim) = acc.setup(model, SgdConfig::new().init())?;
+    let items = digits::load()?[..96].to_vec();
+    let loader = acc.dataloader(items, BATCHER, batch)?;
+    for batch in loader.epoch(0) {
+        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        acc.backward(cross_entropy(logits, &batch), &model)?;
+        model = acc.step(model, &mut optim, &mut 0.5)?;
+    }
+    Ok((
+        flatten(&params(&acc.full_model(&model)?)),
+        acc.counters().optimizer_steps,
+        acc.gradient_all_reduces(),
+    ))
 }
