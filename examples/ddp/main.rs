@@ -8,6 +8,16 @@
 //! Options: --workers N (default 2; on the CPU each worker is a thread), --epochs N,
 //! --batch-size N (per worker), --strategy ddp|zero-1|fsdp (fsdp: one unit per transformer
 //! block, parameters, gradients and optimizer state sharded across the workers).
+//!
+//! With `--mpi` (build with `--features mpi`) each process started by `mpirun` is one rank
+//! instead (`--workers` is then `mpirun -np`):
+//!
+//! ```text
+//! cargo build --release --example ddp --features mpi
+//! mpirun --allow-run-as-root --oversubscribe -np 2 --mca btl self,tcp \
+//!     --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+//!     target/release/examples/ddp --mpi --epochs 10
+//! ```
 
 #[path = "../minimal/backend.rs"]
 mod backend;
@@ -28,8 +38,13 @@ const BATCHER: ImageBatcher = ImageBatcher {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut workers, mut epochs, mut batch_size, mut strategy) = (2, 10, 32, Strategy::Ddp);
+    let mut mpi = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--mpi" {
+            mpi = true;
+            continue;
+        }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--workers" => workers = value.parse()?,
@@ -48,6 +63,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Flex keeps one RNG per process: build the model once, before the workers start.
     <B as burn::tensor::backend::Backend>::seed(&device(), config.seed);
     let model = VitConfig::new().init::<B>(&device());
+    if mpi {
+        return run_mpi(config, model, train, test, epochs, batch_size);
+    }
     let accuracies = Accelerator::<B>::launch(config, vec![device(); workers], move |acc| {
         train_and_evaluate(
             acc,
@@ -63,6 +81,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         accuracies[0] * 100.0
     );
     Ok(())
+}
+
+/// This process as one rank of an MPI job.
+#[cfg(feature = "mpi")]
+fn run_mpi(
+    config: AcceleratorConfig,
+    model: afterburner::models::Vit<B>,
+    train: Vec<ImageItem>,
+    test: Vec<ImageItem>,
+    epochs: usize,
+    batch_size: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (rank, accuracy) = Accelerator::<B>::launch_mpi(config, device(), move |acc| {
+        let rank = acc.rank();
+        let accuracy = train_and_evaluate(acc, model, train, test, epochs, batch_size)?;
+        Ok((rank, accuracy))
+    })?;
+    println!(
+        "rank {rank}: test accuracy (every rank agrees): {:.2}%",
+        accuracy * 100.0
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(
+    _: AcceleratorConfig,
+    _: afterburner::models::Vit<B>,
+    _: Vec<ImageItem>,
+    _: Vec<ImageItem>,
+    _: usize,
+    _: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Err("--mpi needs the example built with --features mpi (and Open MPI installed)".into())
 }
 
 /// One rank: the single-device loop, then its shard of the test set, gathered.

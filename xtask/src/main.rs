@@ -10,6 +10,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench::run(&args[1..]),
+        #[cfg(all(feature = "mpi", feature = "flex"))]
+        Some("mpi-all-reduce") => bench::mpi::rank(&args[1..]),
         _ => Err(bench::USAGE.to_string()),
     };
     if let Err(e) = result {

@@ -300,6 +300,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             "B",
         ),
     ];
+    let rows = with_mpi_all_reduce(rows, params + tensors)?;
     let mut md = format!(
         "DDP, backend `{}`, ViT (6 blocks, d_model 128; {params} parameters in {tensors} tensors), \
          AdamW, global batch {}, {} timed steps after {} warm-up, best of {} rounds. Workers are \
@@ -314,6 +315,32 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         let _ = writeln!(md, "| {} | {:.3} | {} |", r.scenario, r.value, r.unit);
     }
     super::write_report(o, "ddp", &rows, &md)
+}
+
+/// Adds the MPI engine's all-reduce time of `len` values after burn-collective's (feature
+/// `mpi`; needs Open MPI).
+#[cfg(all(feature = "mpi", feature = "flex"))]
+fn with_mpi_all_reduce(mut rows: Vec<Row>, len: usize) -> Result<Vec<Row>, String> {
+    let time = super::mpi::all_reduce_time(len, 20)?;
+    let at = rows
+        .iter()
+        .position(|r| r.scenario.contains("burn-collective"))
+        .map_or(rows.len(), |i| i + 1);
+    rows.insert(
+        at,
+        row(
+            "all_reduce of one step's gradients, 2 MPI processes on loopback (Open MPI, TCP)",
+            time.as_secs_f64() * 1e3,
+            "ms",
+        ),
+    );
+    Ok(rows)
+}
+
+/// Without the `mpi` feature there is no MPI row.
+#[cfg(not(all(feature = "mpi", feature = "flex")))]
+fn with_mpi_all_reduce(rows: Vec<Row>, _len: usize) -> Result<Vec<Row>, String> {
+    Ok(rows)
 }
 
 fn row(scenario: &str, value: f64, unit: &str) -> Row {

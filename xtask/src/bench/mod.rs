@@ -7,6 +7,8 @@
 
 mod checkpoint;
 mod ddp;
+#[cfg(all(feature = "mpi", feature = "flex"))]
+pub mod mpi;
 mod precision;
 
 use std::time::Instant;
