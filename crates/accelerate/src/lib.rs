@@ -14,9 +14,10 @@
 //!   policies behind the config's `gradient_checkpointing`).
 //!
 //! - [`parallel`]: re-export of `afterburner-parallel`; `strategy = "ddp"`, `"zero-1"` or
-//!   `"fsdp"` with [`Accelerator::launch`] trains on one worker per device.
+//!   `"fsdp"` with [`Accelerator::launch`] trains on one worker thread per device, and with
+//!   `Accelerator::launch_mpi` (feature `mpi`) on one process per device under `mpirun`.
 //!
-//! Multi-process runs, Local SGD and the Trainer come in their own crates and issues.
+//! Local SGD and the Trainer come in their own crates and issues.
 
 mod accelerator;
 mod config;

@@ -18,8 +18,8 @@ pub enum ReduceOp {
 /// (reshape to and from what you need). Every rank must call the same collectives in the same
 /// order with matching lengths; a rank that fails makes the others' calls return an error.
 ///
-/// Engines: [`LocalGroup`](crate::LocalGroup) (threads of one process, burn-collective). A
-/// multi-process engine (MPI) and a GPU engine (NCCL) implement the same trait.
+/// Engines: [`LocalGroup`](crate::LocalGroup) (threads of one process, burn-collective) and
+/// `MpiGroup` (processes, feature `mpi`). A GPU engine (NCCL) would implement the same trait.
 pub trait ProcessGroup<B: Backend>: Send {
     /// This rank, from 0.
     fn rank(&self) -> usize;
