@@ -57,6 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (train, test) = train_test_split(digits::load()?, 0.2, 0);
     let config = AcceleratorConfig {
         strategy,
+        devices: workers,
         fsdp_auto_wrap_policy: "TransformerEncoderLayer".parse()?,
         ..Default::default()
     };
@@ -66,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if mpi {
         return run_mpi(config, model, train, test, epochs, batch_size);
     }
-    let accuracies = Accelerator::<B>::launch(config, vec![device(); workers], move |acc| {
+    let accuracies = Accelerator::<B>::run(config, move |acc| {
         train_and_evaluate(
             acc,
             model.clone(),

@@ -37,6 +37,10 @@ pub struct AcceleratorConfig {
     /// see the `fsdp_*` fields); the multi-device ones run through
     /// [`Accelerator::launch`](crate::Accelerator::launch).
     pub strategy: Strategy,
+    /// Devices (worker threads) [`Accelerator::run`](crate::Accelerator::run) starts, like
+    /// Lightning's `devices=N`: the first N devices of the backend's default kind; on the CPU
+    /// the workers share it. Default 1. More than 1 needs a multi-device `strategy`.
+    pub devices: usize,
     /// Under `strategy = "fsdp"`: "full" (default; ZeRO-3, `FULL_SHARD`), "grad-op" (ZeRO-2,
     /// `SHARD_GRAD_OP`: parameters stay replicated) or "none" (`NO_SHARD`: plain DDP).
     pub fsdp_sharding_strategy: ShardingStrategy,
@@ -44,6 +48,11 @@ pub struct AcceleratorConfig {
     /// "none" (default: the whole model is one unit), module type names separated by commas
     /// (e.g. "TransformerEncoderLayer"), or "size:<min parameters>".
     pub fsdp_auto_wrap_policy: AutoWrapPolicy,
+    /// Under `strategy = "fsdp"`, what `save_state` writes: "sharded" (default; one state
+    /// directory per rank, loads at the same world size) or "full" (parameters and optimizer
+    /// state gathered, written by rank 0 as an ordinary state: loads at any world size and
+    /// without FSDP). Accelerate's `SHARDED_STATE_DICT` / `FULL_STATE_DICT` are accepted.
+    pub fsdp_state_dict_type: StateDictType,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
 }
@@ -101,6 +110,55 @@ impl FromStr for Strategy {
     }
 }
 
+/// What an FSDP `save_state` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StateDictType {
+    /// Every rank writes its own shards (`dir/rank-<r>-of-<n>`).
+    #[default]
+    Sharded,
+    /// Rank 0 writes the gathered parameters and optimizer state as one ordinary state.
+    Full,
+}
+
+impl fmt::Display for StateDictType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Sharded => "sharded",
+            Self::Full => "full",
+        })
+    }
+}
+
+impl FromStr for StateDictType {
+    type Err = AccelerateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sharded" | "sharded_state_dict" => Ok(Self::Sharded),
+            "full" | "full_state_dict" => Ok(Self::Full),
+            _ => Err(AccelerateError::invalid(
+                "fsdp_state_dict_type",
+                s,
+                "sharded (SHARDED_STATE_DICT) or full (FULL_STATE_DICT)",
+            )),
+        }
+    }
+}
+
+impl Serialize for StateDictType {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for StateDictType {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 impl Serialize for Strategy {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
@@ -125,8 +183,10 @@ impl Default for AcceleratorConfig {
             grad_scaler: GradScalerConfig::default(),
             gradient_checkpointing: CheckpointPolicy::None,
             strategy: Strategy::SingleDevice,
+            devices: 1,
             fsdp_sharding_strategy: ShardingStrategy::Full,
             fsdp_auto_wrap_policy: AutoWrapPolicy::None,
+            fsdp_state_dict_type: StateDictType::Sharded,
             collective_timeout_s: 300.0,
         }
     }
@@ -149,6 +209,16 @@ impl AcceleratorConfig {
                 "max_grad_norm",
                 norm,
                 "a finite number > 0, or none",
+            ));
+        }
+        if self.devices == 0 {
+            return Err(AccelerateError::invalid("devices", 0, "at least 1"));
+        }
+        if self.devices > 1 && !self.strategy.is_distributed() {
+            return Err(AccelerateError::invalid(
+                "devices",
+                self.devices,
+                "1 under strategy single-device (set strategy to ddp, zero-1 or fsdp)",
             ));
         }
         if !(self.collective_timeout_s.is_finite() && self.collective_timeout_s > 0.0) {

@@ -87,6 +87,25 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(result)
     }
 
+    /// Runs `worker` on `config.devices` devices, like Fabric's `launch` with `devices=N`: on
+    /// one device under `strategy = "single-device"` it runs here with
+    /// [`new`](Self::new); otherwise one worker thread per device of
+    /// [`local_devices`](afterburner_parallel::local_devices) through
+    /// [`launch`](Self::launch). The same code trains on 1 or N devices; results come back in
+    /// rank order.
+    pub fn run<R, F>(config: AcceleratorConfig, worker: F) -> Result<Vec<R>, AccelerateError>
+    where
+        R: Send + 'static,
+        F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
+    {
+        config.validate()?;
+        if !config.strategy.is_distributed() {
+            return Ok(vec![worker(Self::new(config, B::Device::default())?)?]);
+        }
+        let devices = afterburner_parallel::local_devices::<B::InnerBackend>(config.devices)?;
+        Self::launch(config, devices, worker)
+    }
+
     /// This process's rank (0 on a single device).
     pub fn rank(&self) -> usize {
         self.ddp.as_ref().map_or(0, |d| d.group().rank())

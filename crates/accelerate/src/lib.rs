@@ -24,7 +24,9 @@ mod config;
 pub mod data;
 mod distributed;
 mod error;
+mod full_state;
 pub mod models;
+mod record_tensors;
 pub mod rng;
 mod state;
 
@@ -35,6 +37,6 @@ pub use afterburner_parallel as parallel;
 pub use afterburner_parallel::{AutoWrapPolicy, ShardingStrategy};
 pub use afterburner_precision as precision;
 pub use afterburner_precision::Precision;
-pub use config::{AcceleratorConfig, Strategy};
+pub use config::{AcceleratorConfig, StateDictType, Strategy};
 pub use distributed::Group;
 pub use error::AccelerateError;

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
-use crate::{AccelerateError, Accelerator};
+use crate::{AccelerateError, Accelerator, StateDictType};
 
 const FORMAT: &str = "afterburner-state-v1";
 const MANIFEST: &str = "manifest.json";
@@ -86,6 +86,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        if let (Some(fsdp), StateDictType::Full) = (&self.fsdp, self.config.fsdp_state_dict_type) {
+            return self.save_full_state(fsdp, dir.as_ref(), model, optimizer, scheduler);
+        }
         if self.is_sharded() {
             let written = self.write_rank_state(dir.as_ref(), model, optimizer, scheduler);
             self.all_ranks_succeeded(&written, "save_state")?;
@@ -128,9 +131,22 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 dir.display()
             )));
         }
-        let recorder = StateRecorder::default();
-        let encode =
-            |e: burn::record::RecorderError| AccelerateError::Usage(format!("encoding state: {e}"));
+        self.write_encoded(
+            dir,
+            encode::<B, _>(model.clone().into_record())?,
+            encode::<B, _>(optimizer.to_record())?,
+            encode::<B, _>(scheduler.to_record::<B>())?,
+        )
+    }
+
+    /// Writes a state directory from encoded model, optimizer and scheduler records.
+    pub(crate) fn write_encoded(
+        &self,
+        dir: &Path,
+        model: Vec<u8>,
+        optimizer: Vec<u8>,
+        scheduler: Vec<u8>,
+    ) -> Result<(), AccelerateError> {
         let state = AcceleratorState {
             precision: self.config.precision,
             seed: self.config.seed,
@@ -142,19 +158,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         };
         let files: [(&str, Vec<u8>); 4] = [
-            (
-                MODEL,
-                Recorder::<B>::record(&recorder, model.clone().into_record(), ())
-                    .map_err(encode)?,
-            ),
-            (
-                OPTIMIZER,
-                Recorder::<B>::record(&recorder, optimizer.to_record(), ()).map_err(encode)?,
-            ),
-            (
-                SCHEDULER,
-                Recorder::<B>::record(&recorder, scheduler.to_record::<B>(), ()).map_err(encode)?,
-            ),
+            (MODEL, model),
+            (OPTIMIZER, optimizer),
+            (SCHEDULER, scheduler),
             (
                 ACCELERATOR,
                 serde_json::to_vec_pretty(&state)
@@ -181,6 +187,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        let full = dir.as_ref().join(MANIFEST).is_file();
+        if let (Some(_), true) = (&self.fsdp, full) {
+            return self.load_full_state(dir.as_ref(), model, optimizer, scheduler);
+        }
         if !self.is_sharded() {
             let decoded = self.decode(dir.as_ref())?;
             return Ok(self.apply(decoded, model, optimizer, scheduler));
@@ -247,7 +257,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// Tells every rank whether every rank's `result` is Ok; an error on another rank becomes
     /// an error here too.
-    fn all_ranks_succeeded<T>(
+    pub(crate) fn all_ranks_succeeded<T>(
         &self,
         result: &Result<T, AccelerateError>,
         what: &str,
@@ -274,6 +284,21 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        self.decode_with(dir, |_, optimizer| Ok(optimizer))
+    }
+
+    /// [`decode`](Self::decode), with the encoded optimizer record passed through
+    /// `optimizer_bytes(model_bytes, optimizer_bytes)` first.
+    pub(crate) fn decode_with<M, O, S>(
+        &self,
+        dir: &Path,
+        optimizer_bytes: impl FnOnce(&[u8], Vec<u8>) -> Result<Vec<u8>, AccelerateError>,
+    ) -> Result<Decoded<B, M, O, S>, AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
         let files = read_verified(dir)?;
         let get = |name: &str| -> Result<Vec<u8>, AccelerateError> {
             files
@@ -291,10 +316,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
             let path = dir.join(name);
             move |e: burn::record::RecorderError| AccelerateError::corrupt(path, e)
         };
+        let model_bytes = get(MODEL)?;
+        let optimizer = optimizer_bytes(&model_bytes, get(OPTIMIZER)?)?;
         let model =
-            Recorder::<B>::load(&recorder, get(MODEL)?, &self.device).map_err(decode(MODEL))?;
-        let optimizer = Recorder::<B>::load(&recorder, get(OPTIMIZER)?, &self.device)
-            .map_err(decode(OPTIMIZER))?;
+            Recorder::<B>::load(&recorder, model_bytes, &self.device).map_err(decode(MODEL))?;
+        let optimizer =
+            Recorder::<B>::load(&recorder, optimizer, &self.device).map_err(decode(OPTIMIZER))?;
         let scheduler = Recorder::<B>::load(&recorder, get(SCHEDULER)?, &self.device)
             .map_err(decode(SCHEDULER))?;
         let mut scaler = self.scaler.clone();
@@ -311,7 +338,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 
     /// Applies a decoded state (cannot fail).
-    fn apply<M, O, S>(
+    pub(crate) fn apply<M, O, S>(
         &mut self,
         decoded: Decoded<B, M, O, S>,
         model: M,
@@ -357,8 +384,31 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 }
 
+/// Encodes a record the way state files hold it.
+pub(crate) fn encode<B: AutodiffBackend, R: burn::record::Record<B>>(
+    record: R,
+) -> Result<Vec<u8>, AccelerateError> {
+    Recorder::<B>::record(&StateRecorder::default(), record, ())
+        .map_err(|e| AccelerateError::Usage(format!("encoding state: {e}")))
+}
+
+/// Decodes a record the way state files hold it (`path` names it in errors).
+pub(crate) fn decode_record<B: AutodiffBackend, R: burn::record::Record<B>>(
+    bytes: Vec<u8>,
+    device: &B::Device,
+    path: &Path,
+) -> Result<R, AccelerateError> {
+    Recorder::<B>::load(&StateRecorder::default(), bytes, device)
+        .map_err(|e| AccelerateError::corrupt(path, e))
+}
+
 /// A state read back, not applied yet.
-struct Decoded<B: AutodiffBackend, M: AutodiffModule<B>, O: Optimizer<M, B>, S: LrScheduler> {
+pub(crate) struct Decoded<
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+    S: LrScheduler,
+> {
     state: AcceleratorState,
     scaler: Option<afterburner_precision::GradScaler>,
     model: M::Record,

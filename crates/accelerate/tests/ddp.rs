@@ -161,3 +161,40 @@ fn zero_1_equals_ddp_with_1_over_n_of_the_optimizer_state_per_rank() {
         }
     }
 }
+
+#[test]
+fn run_starts_config_devices_and_checks_them() {
+    let _rng = rng_lock();
+    let model = vit(3);
+    let ranks = Accelerator::<B>::run(
+        AcceleratorConfig {
+            devices: 3,
+            ..config(Strategy::Ddp)
+        },
+        move |acc| {
+            let model = acc.setup_model(model.clone())?;
+            Ok((acc.rank(), acc.world_size(), flatten(&params(&model))))
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        ranks.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+        [(0, 3), (1, 3), (2, 3)]
+    );
+    assert!(ranks.iter().all(|r| r.2 == ranks[0].2));
+    // One device, single-device strategy: runs here.
+    let one = Accelerator::<B>::run(config(Strategy::SingleDevice), |acc| Ok(acc.world_size()));
+    assert_eq!(one.unwrap(), [1]);
+    for (devices, strategy) in [(0, Strategy::Ddp), (2, Strategy::SingleDevice)] {
+        let err = Accelerator::<B>::run(
+            AcceleratorConfig {
+                devices,
+                ..config(strategy)
+            },
+            |_| Ok(()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("devices"), "{err}");
+    }
+}

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{Backend, Device, DeviceId};
 use burn_collective::{CollectiveConfig, PeerId};
 
 use crate::ParallelError;
@@ -177,4 +177,30 @@ fn collect<R>(
             })
         })
         .collect()
+}
+
+/// `n` devices of backend `B` for [`launch`], like Lightning's `devices=n`: devices `0..n` of
+/// the default device's kind (e.g. the first `n` GPUs). On a backend with a single device (the
+/// CPU) the `n` workers share it. Errors when `n` is 0 or more than the backend has.
+pub fn local_devices<B: Backend>(n: usize) -> Result<Vec<B::Device>, ParallelError> {
+    let invalid = |value: String| ParallelError::InvalidConfig {
+        field: "devices",
+        value,
+        expected: "at least 1 and at most the backend's device count",
+    };
+    if n == 0 {
+        return Err(invalid("0".into()));
+    }
+    let first = B::Device::default();
+    let id = first.to_id();
+    let available = B::device_count(id.type_id);
+    if available <= 1 {
+        return Ok(vec![first; n]);
+    }
+    if n > available {
+        return Err(invalid(format!("{n} (this backend has {available})")));
+    }
+    Ok((0..n)
+        .map(|index| B::Device::from_id(DeviceId::new(id.type_id, index as u16)))
+        .collect())
 }

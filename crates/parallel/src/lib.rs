@@ -32,7 +32,7 @@ pub use ddp::Ddp;
 pub use error::ParallelError;
 pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy};
 pub use group::{ProcessGroup, ReduceOp};
-pub use launch::{LaunchConfig, launch};
+pub use launch::{LaunchConfig, launch, local_devices};
 pub use local::LocalGroup;
 #[cfg(feature = "mpi")]
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, LoopbackRun, MpiGroup, launch_mpi, run_on_loopback};

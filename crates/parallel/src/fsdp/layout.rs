@@ -109,6 +109,18 @@ impl ShardLayout {
         self.slots.iter().map(|s| s.chunk).sum()
     }
 
+    pub(crate) fn slot(&self, index: usize) -> Result<&ParamSlot, crate::ParallelError> {
+        self.slots
+            .get(index)
+            .ok_or_else(|| crate::ParallelError::Mismatch {
+                rank: self.rank,
+                reason: format!(
+                    "parameter {index} does not exist: FSDP sharded {}",
+                    self.slots.len()
+                ),
+            })
+    }
+
     /// The number of ranks the layout shards over.
     pub fn world_size(&self) -> usize {
         self.world

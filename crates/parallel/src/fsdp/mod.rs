@@ -18,8 +18,10 @@ use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use burn::module::{AutodiffModule, Module};
-use burn::tensor::backend::AutodiffBackend;
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 
 pub use config::{AutoWrapPolicy, ShardingStrategy};
@@ -192,6 +194,84 @@ where
         self.check()?;
         self.state().replicated = replicated;
         Ok(())
+    }
+
+    /// Each float parameter's index in the layout, by `ParamId`, for `sharded` as it is now (ids
+    /// change when a record is loaded): to match a record's entries to parameters.
+    pub fn param_indices<M: Module<B>>(&self, sharded: &M) -> HashMap<ParamId, usize> {
+        struct Ids(HashMap<ParamId, usize>);
+        impl<B: Backend> ModuleVisitor<B> for Ids {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let next = self.0.len();
+                self.0.insert(param.id, next);
+            }
+        }
+        let mut ids = Ids(HashMap::new());
+        sharded.visit(&mut ids);
+        ids.0
+    }
+
+    /// The full values (row-major) and shape of parameter `index` from every rank's chunk of
+    /// it (`local`, this rank's, as many values as its shard): one all-gather; every rank
+    /// calls it, in the same order. For tensors shaped like a parameter's shard, such as an
+    /// element-wise optimizer's state.
+    pub fn gather_values(
+        &self,
+        index: usize,
+        local: Vec<f32>,
+        device: &B::Device,
+    ) -> Result<(Vec<f32>, Vec<usize>), ParallelError> {
+        let layout = self.layout_or_err()?;
+        let slot = layout.slot(index)?;
+        let local = Tensor::<Inner<B>, 1>::from_floats(local.as_slice(), device);
+        let full = self.exchange.all_gather(local);
+        self.check()?;
+        let values = full.into_data().convert::<f32>().into_vec::<f32>();
+        let mut values = values.map_err(|e| ParallelError::Mismatch {
+            rank: layout.rank,
+            reason: format!("gathered values: {e:?}"),
+        })?;
+        if values.len() != layout.world * slot.chunk {
+            return Err(ParallelError::Mismatch {
+                rank: layout.rank,
+                reason: format!(
+                    "parameter {index}: {} values gathered, expected {} chunks of {}",
+                    values.len(),
+                    layout.world,
+                    slot.chunk
+                ),
+            });
+        }
+        values.truncate(slot.numel);
+        Ok((values, slot.shape.clone()))
+    }
+
+    /// This rank's chunk of parameter `index` from its full values (row-major), and the shape
+    /// a shard has (`[1, .., 1, chunk]`): the inverse of [`gather_values`](Self::gather_values).
+    pub fn shard_values(
+        &self,
+        index: usize,
+        mut full: Vec<f32>,
+    ) -> Result<(Vec<f32>, Vec<usize>), ParallelError> {
+        let layout = self.layout_or_err()?;
+        let slot = layout.slot(index)?;
+        if full.len() != slot.numel {
+            return Err(ParallelError::Mismatch {
+                rank: layout.rank,
+                reason: format!(
+                    "parameter {index} has {} values, the state holds {}",
+                    slot.numel,
+                    full.len()
+                ),
+            });
+        }
+        full.resize(layout.world * slot.chunk, 0.0);
+        let start = layout.rank * slot.chunk;
+        let mut shape = vec![1; slot.shape.len()];
+        if let Some(last) = shape.last_mut() {
+            *last = slot.chunk;
+        }
+        Ok((full[start..start + slot.chunk].to_vec(), shape))
     }
 
     /// The first collective failure since the last check (gathers in a forward pass and

@@ -1,0 +1,109 @@
+//! FSDP's full state (`fsdp_state_dict_type = "full"`): parameters and optimizer state gathered
+//! from every rank and written by rank 0 as an ordinary state directory, which loads into a
+//! single-device or DDP run as is, and into an FSDP run at any world size (sharded again).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use afterburner_parallel::Fsdp;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::distributed::Group;
+use crate::record_tensors::map_state_tensors;
+use crate::state::{decode_record, encode};
+use crate::{AccelerateError, Accelerator};
+
+/// Each parameter's layout index by its serialized `ParamId` (how records name parameters).
+fn indices_by_id<B: AutodiffBackend, M: AutodiffModule<B>>(
+    fsdp: &Fsdp<B, Group<B>>,
+    model: &M,
+) -> HashMap<String, usize> {
+    fsdp.param_indices(model)
+        .into_iter()
+        .map(|(id, index)| (id.serialize(), index))
+        .collect()
+}
+
+fn unknown(id: &str) -> AccelerateError {
+    AccelerateError::Usage(format!(
+        "optimizer state for parameter {id}, which the model does not have"
+    ))
+}
+
+impl<B: AutodiffBackend> Accelerator<B> {
+    /// Every rank gathers; rank 0 writes; every rank learns whether it worked.
+    pub(crate) fn save_full_state<M, O, S>(
+        &self,
+        fsdp: &Fsdp<B, Group<B>>,
+        dir: &Path,
+        model: &M,
+        optimizer: &O,
+        scheduler: &S,
+    ) -> Result<(), AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
+        let full = fsdp.full_model(model)?;
+        let ids = indices_by_id(fsdp, model);
+        let sharded = encode::<B, _>(optimizer.to_record())?;
+        let gathered = map_state_tensors(&sharded, |id, values, _| {
+            let index = *ids.get(id).ok_or_else(|| unknown(id))?;
+            Ok(fsdp.gather_values(index, values, &self.device)?)
+        });
+        let written = match gathered {
+            Ok(optimizer) if self.is_main_process() => self.write_encoded(
+                dir,
+                encode::<B, _>(full.into_record())?,
+                optimizer,
+                encode::<B, _>(scheduler.to_record::<B>())?,
+            ),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.all_ranks_succeeded(&written, "save_state")?;
+        written
+    }
+
+    /// Loads a full state into the sharded `model`: each rank keeps its shard of every
+    /// parameter and optimizer state tensor, whatever world size saved it.
+    pub(crate) fn load_full_state<M, O, S>(
+        &mut self,
+        dir: &Path,
+        model: M,
+        optimizer: O,
+        scheduler: S,
+    ) -> Result<(M, O, S), AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
+        let Some(fsdp) = &self.fsdp else {
+            unreachable!("load_full_state is only called under fsdp");
+        };
+        // A full-shaped model to load the record into (every rank: one gather per unit).
+        let template = fsdp.full_model(&model)?;
+        let decoded = self.decode_with::<M, O, S>(dir, |model_bytes, optimizer| {
+            // The record's parameter ids, in the model's visit order.
+            let record = decode_record::<B, M::Record>(model_bytes.to_vec(), &self.device, dir)?;
+            let ids = indices_by_id(fsdp, &template.clone().load_record(record));
+            map_state_tensors(&optimizer, |id, values, _| {
+                let index = *ids.get(id).ok_or_else(|| unknown(id))?;
+                Ok(fsdp.shard_values(index, values)?)
+            })
+        });
+        self.all_ranks_succeeded(&decoded, "load_state")?;
+        let (full, optimizer, scheduler) = self.apply(decoded?, template, optimizer, scheduler);
+        let Some(fsdp) = &self.fsdp else {
+            unreachable!("load_full_state is only called under fsdp");
+        };
+        let model = fsdp.shard(full)?;
+        fsdp.after_step(&model)?;
+        Ok((model, optimizer, scheduler))
+    }
+}

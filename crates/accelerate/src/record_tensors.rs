@@ -1,0 +1,126 @@
+//! Rewriting the tensors of an encoded optimizer record (Burn's named MessagePack) without
+//! knowing the optimizer's type: how a sharded FSDP optimizer state becomes a full one and back.
+//!
+//! An optimizer record is a map from `ParamId` to that parameter's state; each tensor in it is
+//! a `TensorData` map (`bytes`, `shape`, `dtype`). Element-wise optimizers (SGD, Adam, AdamW,
+//! RMSprop, AdaGrad) keep state tensors shaped like their parameter, so each can be gathered
+//! or sharded like the parameter itself.
+
+use burn::tensor::{DType, TensorData};
+use rmpv::Value;
+
+use crate::AccelerateError;
+
+/// Calls `f(param_id, values, shape)` for every tensor of the record in `bytes`, parameters in
+/// sorted id order (the same on every rank), and puts back the values and shape it returns
+/// (in the tensor's own dtype). Errors on bytes that are not such a record.
+pub(crate) fn map_state_tensors(
+    bytes: &[u8],
+    mut f: impl FnMut(&str, Vec<f32>, &[usize]) -> Result<(Vec<f32>, Vec<usize>), AccelerateError>,
+) -> Result<Vec<u8>, AccelerateError> {
+    let bad = |what: &str| AccelerateError::Usage(format!("optimizer record: {what}"));
+    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
+    let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
+    let Value::Map(params) = item else {
+        return Err(bad("the item is not a map from parameter id to state"));
+    };
+    let mut order: Vec<usize> = (0..params.len()).collect();
+    order.sort_by(|&a, &b| params[a].0.as_str().cmp(&params[b].0.as_str()));
+    for i in order {
+        let (key, state) = &mut params[i];
+        let id = key
+            .as_str()
+            .ok_or_else(|| bad("a parameter id is not a string"))?;
+        let id = id.to_string();
+        visit_tensors(state, &mut |values, shape| f(&id, values, shape))?;
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    rmpv::encode::write_value(&mut out, &record).map_err(|e| bad(&e.to_string()))?;
+    Ok(out)
+}
+
+fn field_mut<'a>(value: &'a mut Value, name: &str) -> Option<&'a mut Value> {
+    let Value::Map(entries) = value else {
+        return None;
+    };
+    entries
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some(name))
+        .map(|(_, v)| v)
+}
+
+type TensorFn<'a> =
+    dyn FnMut(Vec<f32>, &[usize]) -> Result<(Vec<f32>, Vec<usize>), AccelerateError> + 'a;
+
+/// Depth-first, in the record's own order (struct fields in declaration order).
+fn visit_tensors(value: &mut Value, f: &mut TensorFn<'_>) -> Result<(), AccelerateError> {
+    if let Some((data, dtype)) = as_tensor(value)? {
+        let shape = data.shape.to_vec();
+        let values = data
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|e| AccelerateError::Usage(format!("optimizer state tensor: {e:?}")))?;
+        let (values, shape) = f(values, &shape)?;
+        let data = TensorData::new(values, shape.clone()).convert_dtype(dtype);
+        if let Some(bytes) = field_mut(value, "bytes") {
+            *bytes = Value::Binary(data.bytes.to_vec());
+        }
+        if let Some(dims) = field_mut(value, "shape") {
+            *dims = Value::Array(shape.into_iter().map(|d| Value::from(d as u64)).collect());
+        }
+        return Ok(());
+    }
+    match value {
+        Value::Map(entries) => entries
+            .iter_mut()
+            .try_for_each(|(_, v)| visit_tensors(v, f)),
+        Value::Array(items) => items.iter_mut().try_for_each(|v| visit_tensors(v, f)),
+        _ => Ok(()),
+    }
+}
+
+/// The tensor a `{bytes, shape, dtype}` map holds, with its dtype.
+fn as_tensor(value: &Value) -> Result<Option<(TensorData, DType)>, AccelerateError> {
+    let Value::Map(entries) = value else {
+        return Ok(None);
+    };
+    let get = |name: &str| entries.iter().find(|(k, _)| k.as_str() == Some(name));
+    let (Some((_, bytes)), Some((_, shape)), Some((_, dtype))) =
+        (get("bytes"), get("shape"), get("dtype"))
+    else {
+        return Ok(None);
+    };
+    let bad = |what: String| AccelerateError::Usage(format!("optimizer state tensor: {what}"));
+    let dtype = match dtype.as_str() {
+        Some("F32") => DType::F32,
+        Some("F64") => DType::F64,
+        Some("F16") => DType::F16,
+        Some("BF16") => DType::BF16,
+        other => {
+            return Err(bad(format!(
+                "dtype {other:?} is not a float dtype FSDP can gather"
+            )));
+        }
+    };
+    let bytes = match bytes {
+        Value::Binary(b) => b.clone(),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|b| b as u8)
+            .collect(),
+        _ => return Err(bad("bytes are not binary".into())),
+    };
+    let shape: Vec<usize> = match shape {
+        Value::Array(dims) => dims
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|d| d as usize)
+            .collect(),
+        _ => return Err(bad("shape is not a list".into())),
+    };
+    Ok(Some((
+        TensorData::from_bytes_vec(bytes, shape, dtype),
+        dtype,
+    )))
+}
