@@ -140,6 +140,15 @@ impl<B: Backend> MpiGroup<B> {
         world().abort(code)
     }
 
+    /// A summed buffer as the result of `op` (divided by the world size for the mean).
+    fn reduced(&self, mut sum: Vec<f32>, op: ReduceOp, dtype: DType) -> Tensor<B, 1> {
+        if op == ReduceOp::Mean {
+            let n = self.size as f32;
+            sum.iter_mut().for_each(|v| *v /= n);
+        }
+        self.tensor(sum, dtype)
+    }
+
     fn tensor(&self, values: Vec<f32>, dtype: DType) -> Tensor<B, 1> {
         let len = values.len();
         Tensor::<B, 1>::from_data(TensorData::new(values, [len]), &self.device).cast(dtype)
@@ -187,11 +196,7 @@ impl<B: Backend> ProcessGroup<B> for MpiGroup<B> {
         self.watchdog.during("all_reduce", || {
             world().all_reduce_into(&mine[..], &mut sum[..], SystemOperation::sum())
         });
-        if op == ReduceOp::Mean {
-            let n = self.size as f32;
-            sum.iter_mut().for_each(|v| *v /= n);
-        }
-        Ok(self.tensor(sum, dtype))
+        Ok(self.reduced(sum, op, dtype))
     }
 
     fn broadcast(
@@ -277,11 +282,7 @@ impl<B: Backend> ProcessGroup<B> for MpiGroup<B> {
         self.watchdog.during("reduce_scatter", || {
             world().reduce_scatter_block_into(&mine[..], &mut chunk[..], SystemOperation::sum())
         });
-        if op == ReduceOp::Mean {
-            let n = self.size as f32;
-            chunk.iter_mut().for_each(|v| *v /= n);
-        }
-        Ok(self.tensor(chunk, dtype))
+        Ok(self.reduced(chunk, op, dtype))
     }
 
     fn barrier(&self, _device: &B::Device) -> Result<(), ParallelError> {
