@@ -182,6 +182,22 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(Tensor::from_inner(all.narrow(0, 0, dataset_len)))
     }
 
+    /// `values` combined element-wise across ranks (`ReduceOp::Sum` or `Mean`), like
+    /// Accelerate's `reduce`: for metrics every rank computed over its own shard (a loss sum,
+    /// a count of correct answers). On a single device, `values` unchanged.
+    pub fn reduce(
+        &self,
+        values: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, AccelerateError> {
+        match &self.ddp {
+            Some(ddp) => Ok(Tensor::from_inner(
+                ddp.group().all_reduce(values.inner(), op)?,
+            )),
+            None => Ok(values),
+        }
+    }
+
     /// Waits until every rank gets here (a no-op on a single device).
     pub fn barrier(&self) -> Result<(), AccelerateError> {
         match &self.ddp {

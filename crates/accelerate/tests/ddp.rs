@@ -92,6 +92,32 @@ fn gather_for_metrics_restores_dataset_order_without_padding() {
         .unwrap();
     let want: Vec<f32> = (0..7).map(|i| i as f32).collect();
     assert_eq!(gathered, vec![want.clone(), want]);
+
+    // reduce: every rank's own numbers, summed or averaged.
+    let reduced =
+        Accelerator::<B>::launch(config(Strategy::Ddp), vec![Default::default(); 2], |acc| {
+            use afterburner::parallel::ReduceOp;
+            let mine = burn::tensor::Tensor::<B, 1>::from_floats(
+                [acc.rank() as f32 + 1.0, 10.0],
+                &Default::default(),
+            );
+            let sum = acc
+                .reduce(mine.clone(), ReduceOp::Sum)?
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
+            let mean = acc
+                .reduce(mine, ReduceOp::Mean)?
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
+            Ok((sum, mean))
+        })
+        .unwrap();
+    for (sum, mean) in reduced {
+        assert_eq!(sum, [3.0, 20.0]);
+        assert_eq!(mean, [1.5, 10.0]);
+    }
 }
 
 /// Batches item ids as plain numbers.
