@@ -2,7 +2,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
+use afterburner_checkpoint::{
+    CheckpointError, CheckpointPolicy, DerivedParams, with_derived_params,
+};
 use afterburner_parallel::{
     Ddp, Fsdp, FsdpConfig, OptimizerSharding, ShardingStrategy, SharedGroup,
 };
@@ -265,8 +267,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
             afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
                 match (&self.fsdp, mixed) {
                     // On error (recorded: `backward` reports it) the model runs as given.
-                    (Some(fsdp), _) if let Ok(view) = fsdp.view(model, mixed) => {
-                        forward(&view, input)
+                    (Some(fsdp), _)
+                        if let Ok((view, units)) = fsdp.view_with_units(model, mixed) =>
+                    {
+                        // A recomputed block keeps its unit's shards, not the gathered
+                        // parameters, and gathers again in the backward pass.
+                        let units = units.into_iter().map(|u| DerivedParams::<B> {
+                            ids: u.ids,
+                            sources: u.sources,
+                            build: u.build,
+                        });
+                        with_derived_params(units.collect(), || forward(&view, input))
                     }
                     (_, Some(half)) => forward(&autocast_view(model, half), input),
                     (_, None) => forward(model, input),

@@ -25,8 +25,8 @@ fn config(strategy: Strategy) -> AcceleratorConfig {
 }
 
 /// Per rank: the full parameters after one epoch of 96 digits, the parameter values this rank
-/// holds, and (FSDP) units and reduce-scatters.
-type Report = (Vec<f32>, usize, usize, u64);
+/// holds, and (FSDP) units, reduce-scatters and all-gathers.
+type Report = (Vec<f32>, usize, usize, u64, u64);
 
 fn train(config: AcceleratorConfig, world: usize) -> Vec<Report> {
     let initial = vit(8);
@@ -41,14 +41,15 @@ fn train(config: AcceleratorConfig, world: usize) -> Vec<Report> {
             model = acc.step(model, &mut optim, &mut 1e-3)?;
         }
         let held = model.num_params();
-        let (units, scatters) = acc.fsdp().map_or((0, 0), |f| {
+        let (units, scatters, gathers) = acc.fsdp().map_or((0, 0, 0), |f| {
             (
                 f.layout().map_or(0, |l| l.unit_paths().len()),
                 f.reduce_scatters(),
+                f.all_gathers(),
             )
         });
         let full = acc.full_model(&model)?;
-        Ok((flatten(&params(&full)), held, units, scatters))
+        Ok((flatten(&params(&full)), held, units, scatters, gathers))
     })
     .unwrap()
 }
@@ -108,6 +109,15 @@ fn grad_op_bf16_and_checkpointing_compose() {
     let err = max_rel(&fsdp[0].0, &ddp[0].0, 1e-3);
     println!("fsdp full + bf16-mixed + checkpointing all vs ddp bf16-mixed: {err:e}");
     assert!(err <= 1e-5, "{err}");
+    // Reshard after forward: each checkpointed block's unit is gathered for its forward and
+    // again for its recompute; the root unit (embedding, head) once. 6 micro-batches, 2 blocks.
+    let micro_batches = 96 / 8 / 2;
+    assert_eq!(fsdp[0].4, micro_batches * (1 + 2 * 2));
+    assert_eq!(
+        fsdp[0].3,
+        micro_batches * 3,
+        "one reduce-scatter per unit and micro-batch"
+    );
     let grad_op = train(
         AcceleratorConfig {
             fsdp_sharding_strategy: ShardingStrategy::GradOp,

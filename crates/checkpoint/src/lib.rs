@@ -13,17 +13,21 @@
 //!   Accelerator calls it).
 //! - [`seed_blocks`]: the seed stream that replays randomness (dropout) in the recompute.
 //! - [`Balanced`]: Burn's own op-level `BalancedCheckpointing` backend, to compare.
+//! - [`with_derived_params`]: parameters computed from other tensors (FSDP's gathered
+//!   parameters): a recomputed block keeps their sources and builds them again.
 //!
 //! Works under mixed precision (a block in a half view recomputes in the same dtype) and
 //! gradient accumulation. See `docs/checkpointing.md` for the design and measured figures.
 
 mod autodiff;
+mod derived;
 mod engine;
 mod error;
 mod policy;
 mod scope;
 mod wrapper;
 
+pub use derived::{BuildFn, DerivedParams, with_derived_params};
 pub use engine::{enable, is_enabled};
 pub use error::CheckpointError;
 pub use policy::{BlockKind, CheckpointPolicy};

@@ -116,7 +116,8 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// Runs a closure on drop (also when unwinding).
-struct Restore<F: FnMut()>(F);
+/// Runs its closure when dropped (restores a scope, also on unwinding).
+pub(crate) struct Restore<F: FnMut()>(pub(crate) F);
 
 impl<F: FnMut()> Drop for Restore<F> {
     fn drop(&mut self) {

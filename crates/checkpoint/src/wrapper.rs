@@ -1,7 +1,7 @@
 //! [`Checkpointed`]: the block wrapper, and [`checkpoint`] for a parameter-free function.
 
 use std::marker::PhantomData;
-use std::sync::Once;
+use std::sync::{Arc, Once};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
@@ -9,6 +9,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::BlockKind;
+use crate::derived::{self, DerivedParams};
 use crate::engine::{self, BlockFn, Job};
 use crate::scope;
 
@@ -111,17 +112,29 @@ impl<B: Backend, T: Module<B>> Checkpointed<B, T> {
         if !B::ad_enabled(&input.device()) {
             return forward(&self.block, input);
         }
-        // Reading the parameters initialises lazy ones now, before the block's seed is set:
-        // an initialisation inside the seeded region would shift the block's random draws.
-        let mut slots = vec![input.into_primitive().tensor()];
-        self.block.visit(&mut CollectParams(&mut slots));
         let recompute = scope::decide(self.kind);
-        let seed = (self.replay_rng && scope::replays_rng()).then(scope::next_block_seed);
         let apply = if recompute {
             engine::lookup::<B>()
         } else {
             None
         };
+        // Reading the parameters initialises lazy ones now, before the block's seed is set:
+        // an initialisation inside the seeded region would shift the block's random draws.
+        // Derived parameters are not read when the block is recomputed: their sources are.
+        let mut collect = CollectParams {
+            slots: vec![input.into_primitive().tensor()],
+            params: Vec::new(),
+            groups: Vec::new(),
+            derive: apply.is_some(),
+        };
+        self.block.visit(&mut collect);
+        let seed = (self.replay_rng && scope::replays_rng()).then(scope::next_block_seed);
+        let CollectParams {
+            mut slots,
+            params,
+            groups,
+            ..
+        } = collect;
         let Some(apply) = apply else {
             if recompute {
                 warn_not_enabled::<B>();
@@ -130,16 +143,38 @@ impl<B: Backend, T: Module<B>> Checkpointed<B, T> {
             return run_block(&self.block, input, &forward, seed, false);
         };
 
+        // The derived groups' sources follow the input and the plain parameters.
+        let starts: Vec<usize> = groups
+            .iter()
+            .map(|group| {
+                let start = slots.len();
+                slots.extend(group.sources.iter().cloned());
+                start
+            })
+            .collect();
         let block = self.block.clone();
         let run: BlockFn<B> = Box::new(move |slots, recomputed| {
-            let mut slots = slots.into_iter();
-            let Some(input) = slots.next() else {
-                unreachable!("a checkpointed call always has its input")
-            };
-            let module = block.clone().map(&mut ReplaceParams(slots));
-            run_block(&module, from_float(input), &forward, seed, recomputed)
-                .into_primitive()
-                .tensor()
+            let built: Vec<Vec<FloatTensor<B>>> = groups
+                .iter()
+                .zip(&starts)
+                .map(|(group, &start)| {
+                    (group.build)(slots[start..start + group.sources.len()].to_vec())
+                })
+                .collect();
+            let module = block.clone().map(&mut AssignParams {
+                params: params.iter(),
+                slots: &slots,
+                built: &built,
+            });
+            run_block(
+                &module,
+                from_float(slots[0].clone()),
+                &forward,
+                seed,
+                recomputed,
+            )
+            .into_primitive()
+            .tensor()
         });
         from_float(apply(Job { slots, block: run }))
     }
@@ -196,22 +231,74 @@ fn warn_not_enabled<B: Backend>() {
     });
 }
 
-/// Collects the float parameters' tensors in visit order (reading lazy ones initialises them).
-struct CollectParams<'a, B: Backend>(&'a mut Vec<FloatTensor<B>>);
+/// Where a block parameter's value comes from in the checkpointed call.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// This slot (the parameter's own value).
+    Slot(usize),
+    /// Position `1` of what derived group `0` builds.
+    Derived(usize, usize),
+}
 
-impl<B: Backend> ModuleVisitor<B> for CollectParams<'_, B> {
+/// Collects the float parameters in visit order: their values as slots (reading lazy ones
+/// initialises them), or, with `derive`, the derived groups they belong to (not read).
+struct CollectParams<B: Backend> {
+    slots: Vec<FloatTensor<B>>,
+    params: Vec<Source>,
+    groups: Vec<Arc<DerivedParams<B>>>,
+    derive: bool,
+}
+
+impl<B: Backend> ModuleVisitor<B> for CollectParams<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.0.push(param.val().into_primitive().tensor());
+        let derived = self
+            .derive
+            .then(|| derived::lookup::<B>(param.id))
+            .flatten();
+        let source = match derived {
+            Some((group, position)) => {
+                let index = match self.groups.iter().position(|g| Arc::ptr_eq(g, &group)) {
+                    Some(index) => index,
+                    None => {
+                        self.groups.push(group);
+                        self.groups.len() - 1
+                    }
+                };
+                Source::Derived(index, position)
+            }
+            None => {
+                self.slots.push(param.val().into_primitive().tensor());
+                Source::Slot(self.slots.len() - 1)
+            }
+        };
+        self.params.push(source);
     }
 }
 
-/// Puts the given tensors in place of the float parameters, in visit order (ids kept).
-struct ReplaceParams<I>(I);
+/// Puts the slots' and the built groups' tensors in place of the float parameters, in visit
+/// order (ids kept). A derived parameter is not read (it would build itself again).
+struct AssignParams<'a, B: Backend, I> {
+    params: I,
+    slots: &'a [FloatTensor<B>],
+    built: &'a [Vec<FloatTensor<B>>],
+}
 
-impl<B: Backend, I: Iterator<Item = FloatTensor<B>>> ModuleMapper<B> for ReplaceParams<I> {
+impl<'a, B, I> ModuleMapper<B> for AssignParams<'a, B, I>
+where
+    B: Backend,
+    I: Iterator<Item = &'a Source>,
+{
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (id, tensor, mapper) = param.consume();
-        let tensor = self.0.next().map(from_float).unwrap_or(tensor);
-        Param::from_mapped_value(id, tensor, mapper)
+        match self.params.next() {
+            Some(Source::Slot(slot)) => {
+                let (id, _, mapper) = param.consume();
+                Param::from_mapped_value(id, from_float(self.slots[*slot].clone()), mapper)
+            }
+            Some(Source::Derived(group, position)) => {
+                let value = from_float(self.built[*group][*position].clone());
+                Param::initialized(param.id, value)
+            }
+            None => param,
+        }
     }
 }

@@ -26,6 +26,7 @@ use burn::tensor::{DType, Tensor};
 
 pub use config::{AutoWrapPolicy, ShardingStrategy};
 pub use layout::ShardLayout;
+pub use view::UnitSources;
 
 use crate::{ParallelError, ProcessGroup, SharedGroup};
 use gather::{Exchange, Stats};
@@ -154,6 +155,18 @@ where
         sharded: &M,
         compute: Option<DType>,
     ) -> Result<M, ParallelError> {
+        Ok(self.view_with_units(sharded, compute)?.0)
+    }
+
+    /// [`view`](Self::view), and each unit as [`UnitSources`]: give them to activation
+    /// checkpointing (`afterburner_checkpoint::with_derived_params`) so a recomputed block
+    /// keeps its unit's shards instead of the gathered parameters and gathers them again in
+    /// the backward pass (PyTorch FSDP's `reshard_after_forward`).
+    pub fn view_with_units<M: Module<B>>(
+        &self,
+        sharded: &M,
+        compute: Option<DType>,
+    ) -> Result<(M, Vec<UnitSources<B>>), ParallelError> {
         let layout = self.layout_or_err();
         let view = layout.and_then(|layout| {
             let replicated = match self.config.sharding {

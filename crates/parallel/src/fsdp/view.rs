@@ -2,9 +2,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Shape, Tensor};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 
 use super::gather::{self, Exchange};
 use super::layout::{ParamSlot, ShardLayout};
@@ -35,18 +36,24 @@ fn shard_dims<const D: usize>(chunk: usize) -> [usize; D] {
 }
 
 /// A parameter's full value out of its unit's rank-major full buffer.
+/// With `flat`, as a 1-D tensor of its values (`D` must then be 1).
 fn unpack<I: Backend, const D: usize>(
     full: Tensor<I, 1>,
     slot: &ParamSlot,
     layout: &ShardLayout,
+    flat: bool,
 ) -> Tensor<I, D> {
     let world = layout.world;
     let local_len = layout.units[slot.unit].local_len;
-    full.reshape([world, local_len])
+    let values = full
+        .reshape([world, local_len])
         .narrow(1, slot.offset, slot.chunk)
         .reshape([world * slot.chunk])
-        .narrow(0, 0, slot.numel)
-        .reshape(Shape::from(slot.shape.clone()))
+        .narrow(0, 0, slot.numel);
+    match flat {
+        true => values.reshape(Shape::from(vec![slot.numel])),
+        false => values.reshape(Shape::from(slot.shape.clone())),
+    }
 }
 
 /// Walks parameters in visit order against the layout, keeping the first mismatch.
@@ -232,8 +239,13 @@ pub(crate) fn from_buffers<B: AutodiffBackend, M: Module<B>>(
             let Some(slot) = self.cursor.advance(id, &value.dims(), true) else {
                 return Param::from_mapped_value(id, value, mapper);
             };
-            let full = unpack::<_, D>(self.buffers[slot.unit].clone(), slot, self.cursor.layout)
-                .cast(slot.dtype);
+            let full = unpack::<_, D>(
+                self.buffers[slot.unit].clone(),
+                slot,
+                self.cursor.layout,
+                false,
+            )
+            .cast(slot.dtype);
             let leaf = Tensor::from_inner(full).set_require_grad(value.is_require_grad());
             Param::from_mapped_value(id, leaf, mapper)
         }
@@ -278,14 +290,64 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>> + 'static> UnitCell<B, G> {
     }
 }
 
-/// The sharded model with lazy full parameters (see [`Fsdp::view`](super::Fsdp::view)).
+/// One unit of a view as sources and a way to build from them: its parameters' ids, this
+/// rank's shard tensors, and a function gathering the unit's full parameters from those
+/// tensors (differentiable; in the ids' order). Activation checkpointing uses it to keep the
+/// shards, not the gathered parameters, for a recomputed block (`reshard_after_forward`).
+pub struct UnitSources<B: Backend> {
+    /// The unit's parameters, in the order `build` returns them.
+    pub ids: Vec<ParamId>,
+    /// This rank's shard of each, flattened (tracked: the gradients flow to them).
+    pub sources: Vec<FloatTensor<B>>,
+    /// Gathers the unit (one all-gather) and returns each full parameter.
+    pub build: Arc<dyn Fn(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync>,
+}
+
+/// The unit `unit`'s full parameters from its shard tensors (see [`UnitSources`]).
+fn build_unit<B, G>(
+    parts: Vec<FloatTensor<B>>,
+    unit: usize,
+    layout: &ShardLayout,
+    exchange: &Exchange<G>,
+    replicated: Option<Tensor<Inner<B>, 1>>,
+    compute: Option<DType>,
+) -> Vec<FloatTensor<B>>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+{
+    let parts = parts
+        .into_iter()
+        .map(|p| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(p)))
+        .collect();
+    let full = gather::gather(Tensor::cat(parts, 0), replicated, exchange);
+    layout.units[unit]
+        .slots
+        .iter()
+        .map(|&index| {
+            let slot = &layout.slots[index];
+            let flat = unpack::<B, 1>(full.clone(), slot, layout, true);
+            let flat = match compute {
+                Some(dtype) => flat.cast(dtype),
+                None => flat,
+            };
+            B::float_reshape(
+                flat.into_primitive().tensor(),
+                Shape::from(slot.shape.clone()),
+            )
+        })
+        .collect()
+}
+
+/// The sharded model with lazy full parameters (see [`Fsdp::view`](super::Fsdp::view)), and
+/// each unit as [`UnitSources`].
 pub(crate) fn lazy_view<B, G, M>(
     sharded: &M,
-    layout: &ShardLayout,
+    layout: &Arc<ShardLayout>,
     exchange: &Exchange<G>,
     replicated: Option<Vec<Tensor<Inner<B>, 1>>>,
     compute: Option<DType>,
-) -> Result<M, ParallelError>
+) -> Result<(M, Vec<UnitSources<B>>), ParallelError>
 where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
@@ -293,7 +355,9 @@ where
 {
     struct Lazy<'a, B: AutodiffBackend, G> {
         cursor: Cursor<'a>,
+        layout: Arc<ShardLayout>,
         cells: Vec<Arc<UnitCell<B, G>>>,
+        ids: Vec<Vec<ParamId>>,
         compute: Option<DType>,
     }
     impl<B, G> ModuleMapper<B> for Lazy<'_, B, G>
@@ -313,14 +377,15 @@ where
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(value.reshape([slot.chunk]));
-            let layout = self.cursor.layout.clone();
+            self.ids[slot.unit].push(id);
+            let layout = self.layout.clone();
             let slot = slot.clone();
             let compute = self.compute;
             let shape = Shape::from(slot.shape.clone());
             Param::uninitialized(
                 id,
                 move |_, _| {
-                    let full = unpack::<_, D>(cell.full(), &slot, &layout);
+                    let full = unpack::<_, D>(cell.full(), &slot, &layout, false);
                     match compute {
                         Some(dtype) => full.cast(dtype),
                         None => full,
@@ -344,10 +409,41 @@ where
         .collect();
     let mut lazy = Lazy {
         cursor: Cursor::new(layout),
+        layout: layout.clone(),
         cells,
+        ids: vec![Vec::new(); layout.units.len()],
         compute,
     };
     let view = sharded.clone().map(&mut lazy);
     lazy.cursor.finish()?;
-    Ok(view)
+    let units = lazy
+        .ids
+        .into_iter()
+        .enumerate()
+        .map(|(unit, ids)| {
+            let sources = lazy.cells[unit]
+                .parts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .map(|t| t.clone().into_primitive().tensor())
+                .collect();
+            let (layout, exchange) = (layout.clone(), exchange.clone());
+            let replicated = replicated.as_ref().and_then(|r| r.get(unit).cloned());
+            let replicated = Mutex::new(replicated);
+            let build = move |parts: Vec<FloatTensor<B>>| {
+                let replicated = replicated
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                build_unit::<B, G>(parts, unit, &layout, &exchange, replicated, compute)
+            };
+            UnitSources {
+                ids,
+                sources,
+                build: Arc::new(build),
+            }
+        })
+        .collect();
+    Ok((view, units))
 }
