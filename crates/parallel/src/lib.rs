@@ -30,7 +30,9 @@ mod zero;
 
 pub use ddp::Ddp;
 pub use error::ParallelError;
-pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, UnitSources};
+pub use fsdp::{
+    AutoWrapPolicy, BuildUnit, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, UnitSources,
+};
 pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch, local_devices};
 pub use local::LocalGroup;

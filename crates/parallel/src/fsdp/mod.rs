@@ -26,7 +26,7 @@ use burn::tensor::{DType, Tensor};
 
 pub use config::{AutoWrapPolicy, ShardingStrategy};
 pub use layout::ShardLayout;
-pub use view::UnitSources;
+pub use view::{BuildUnit, UnitSources};
 
 use crate::{ParallelError, ProcessGroup, SharedGroup};
 use gather::{Exchange, Stats};

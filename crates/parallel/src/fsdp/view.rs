@@ -300,8 +300,11 @@ pub struct UnitSources<B: Backend> {
     /// This rank's shard of each, flattened (tracked: the gradients flow to them).
     pub sources: Vec<FloatTensor<B>>,
     /// Gathers the unit (one all-gather) and returns each full parameter.
-    pub build: Arc<dyn Fn(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync>,
+    pub build: BuildUnit<B>,
 }
+
+/// How [`UnitSources`] builds a unit's full parameters from its shard tensors.
+pub type BuildUnit<B> = Arc<dyn Fn(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync>;
 
 /// The unit `unit`'s full parameters from its shard tensors (see [`UnitSources`]).
 fn build_unit<B, G>(
