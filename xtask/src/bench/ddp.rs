@@ -11,7 +11,7 @@ use afterburner::models::{Vit, VitConfig};
 use afterburner::parallel::{
     AutoWrapPolicy, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, ShardLayout,
 };
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Strategy};
 use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -50,6 +50,8 @@ struct Timing {
     all_reduces: f64,
     /// Rank 0's values gathered + reduce-scattered per optimizer step (FSDP).
     fsdp_values: f64,
+    /// Peak live heap of the whole process (every worker) during the timed steps.
+    peak_heap: usize,
 }
 
 /// Times `workers` ranks under `strategy` sharing a global batch of `2 x batch_size`.
@@ -57,12 +59,14 @@ fn step_time<I: Backend>(
     o: &Options,
     workers: usize,
     strategy: Strategy,
+    checkpointing: CheckpointPolicy,
 ) -> Result<Timing, String> {
     type Ad<I> = Autodiff<I>;
     let device = I::Device::default();
     let config = AcceleratorConfig {
         strategy,
         fsdp_auto_wrap_policy: fsdp_units(),
+        gradient_checkpointing: checkpointing,
         seed: 0,
         ..Default::default()
     };
@@ -97,6 +101,10 @@ fn step_time<I: Backend>(
         for i in 0..warmup + steps {
             if i == warmup {
                 acc.barrier()?;
+                if acc.is_main_process() {
+                    crate::alloc::reset_peak();
+                }
+                acc.barrier()?;
                 start = Instant::now();
             }
             let batch = &batches[i % batches.len()];
@@ -126,6 +134,7 @@ fn step_time<I: Backend>(
         step: slowest,
         all_reduces: times.first().map_or(0.0, |t| t.1),
         fsdp_values: times.first().map_or(0.0, |t| t.2),
+        peak_heap: crate::alloc::peak(),
     })
 }
 
@@ -188,13 +197,19 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         vit::<I>(&Default::default()).visit(&mut Count(&mut n));
         n
     };
-    // Single device, DDP and FSDP on 2 workers; the order alternates between rounds.
+    // Single device, DDP and FSDP on 2 workers, then both with activation checkpointing
+    // (under which FSDP also frees each unit's gathered parameters after its forward); the
+    // order alternates between rounds.
+    let (none, all) = (CheckpointPolicy::None, CheckpointPolicy::All);
     let runs = [
-        (1, Strategy::SingleDevice),
-        (2, Strategy::Ddp),
-        (2, Strategy::Fsdp),
+        (1, Strategy::SingleDevice, none),
+        (2, Strategy::Ddp, none),
+        (2, Strategy::Fsdp, none),
+        (2, Strategy::Ddp, all),
+        (2, Strategy::Fsdp, all),
     ];
-    let mut best = [Duration::MAX; 3];
+    let mut best = [Duration::MAX; 5];
+    let mut peak = [0usize; 5];
     let (mut all_reduces_per_step, mut fsdp_values) = (f64::NAN, f64::NAN);
     for round in 0..o.rounds {
         for k in 0..runs.len() {
@@ -203,23 +218,25 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             } else {
                 runs.len() - 1 - k
             };
-            let (workers, strategy) = runs[i];
+            let (workers, strategy, checkpointing) = runs[i];
             eprintln!(
-                "ddp round {}/{}: {workers} worker(s), {strategy}",
+                "ddp round {}/{}: {workers} worker(s), {strategy}, checkpointing {checkpointing}",
                 round + 1,
                 o.rounds
             );
-            let t = step_time::<I>(o, workers, strategy)?;
+            let t = step_time::<I>(o, workers, strategy, checkpointing)?;
             best[i] = best[i].min(t.step);
-            match strategy {
-                Strategy::Ddp => all_reduces_per_step = t.all_reduces,
-                Strategy::Fsdp => fsdp_values = t.fsdp_values,
+            peak[i] = peak[i].max(t.peak_heap);
+            match (strategy, checkpointing) {
+                (Strategy::Ddp, CheckpointPolicy::None) => all_reduces_per_step = t.all_reduces,
+                (Strategy::Fsdp, CheckpointPolicy::None) => fsdp_values = t.fsdp_values,
                 _ => {}
             }
         }
     }
     let reduce = all_reduce_time::<I>(params + tensors, 20)?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mib = |bytes: usize| bytes as f64 / (1024.0 * 1024.0);
     let bytes_per_step = ((params + tensors) * 4) as f64;
     let rows = vec![
         row("1 worker, batch 2b: ms/step", ms(best[0]), "ms"),
@@ -238,6 +255,28 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             "fsdp full vs ddp, 2 workers: time",
             ms(best[2]) / ms(best[1]),
             "x",
+        ),
+        row(
+            "2 workers, ddp + checkpointing all: ms/step",
+            ms(best[3]),
+            "ms",
+        ),
+        row(
+            "2 workers, fsdp full + checkpointing all (reshard after forward): ms/step",
+            ms(best[4]),
+            "ms",
+        ),
+        row("peak live heap, 2 workers, ddp", mib(peak[1]), "MiB"),
+        row("peak live heap, 2 workers, fsdp full", mib(peak[2]), "MiB"),
+        row(
+            "peak live heap, 2 workers, ddp + checkpointing all",
+            mib(peak[3]),
+            "MiB",
+        ),
+        row(
+            "peak live heap, 2 workers, fsdp full + checkpointing all",
+            mib(peak[4]),
+            "MiB",
         ),
         row(
             "gradient all-reduces per optimizer step (counted, 2 workers)",
