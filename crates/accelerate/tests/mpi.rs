@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use afterburner::parallel::run_on_loopback;
-use afterburner::{Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{Accelerator, AcceleratorConfig, CheckpointPolicy, Strategy};
 use common::*;
 
 const TEST: &str = "two_processes_train_like_one_device_under_ddp_and_fsdp";
@@ -31,8 +31,14 @@ fn rank(strategy: Strategy) {
         .parse()
         .unwrap();
     let model = vit(5 + rank);
+    // FSDP runs with checkpointing, so units are gathered again in the recompute, on the
+    // recompute's helper thread (MPI is initialised for serialized calls from any thread).
+    let mut distributed = config(strategy);
+    if strategy == Strategy::Fsdp {
+        distributed.gradient_checkpointing = CheckpointPolicy::All;
+    }
     let (mine, steps, rank) =
-        Accelerator::<B>::launch_mpi(config(strategy), Default::default(), move |mut acc| {
+        Accelerator::<B>::launch_mpi(distributed, Default::default(), move |mut acc| {
             let (params, steps, _) = train_96_digits(&mut acc, model, 8)?;
             Ok((params, steps, acc.rank()))
         })
