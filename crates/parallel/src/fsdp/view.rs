@@ -262,31 +262,38 @@ pub(crate) fn from_buffers<B: AutodiffBackend, M: Module<B>>(
 /// One unit of a view: its shard tensors, collected while the view is built, and its full
 /// buffer once the forward pass first needs it.
 struct UnitCell<B: AutodiffBackend, G> {
+    unit: usize,
+    layout: Arc<ShardLayout>,
     parts: Mutex<Vec<Tensor<B, 1>>>,
     replicated: Mutex<Option<Tensor<Inner<B>, 1>>>,
-    gathered: Mutex<Option<Tensor<B, 1>>>,
+    /// The unit's full parameters once built (the gathered buffer itself is not kept).
+    built: Mutex<Option<Vec<FloatTensor<B>>>>,
     exchange: Exchange<G>,
+    compute: Option<DType>,
 }
 
 impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>> + 'static> UnitCell<B, G> {
-    fn full(&self) -> Tensor<B, 1> {
-        let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(full) = gathered.as_ref() {
-            return full.clone();
-        }
-        let parts = self
-            .parts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let replicated = self
-            .replicated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let full = gather::gather(Tensor::cat(parts, 0), replicated, &self.exchange);
-        *gathered = Some(full.clone());
-        full
+    /// The unit's parameter at `position`, gathering the whole unit on the first call.
+    fn param(&self, position: usize) -> FloatTensor<B> {
+        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+        let params = built.get_or_insert_with(|| {
+            let parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
+            let parts = parts.iter().map(|p| p.clone().into_primitive().tensor());
+            let replicated = self
+                .replicated
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            build_unit::<B, G>(
+                parts.collect(),
+                self.unit,
+                &self.layout,
+                &self.exchange,
+                replicated,
+                self.compute,
+            )
+        });
+        params[position].clone()
     }
 }
 
@@ -358,10 +365,8 @@ where
 {
     struct Lazy<'a, B: AutodiffBackend, G> {
         cursor: Cursor<'a>,
-        layout: Arc<ShardLayout>,
         cells: Vec<Arc<UnitCell<B, G>>>,
         ids: Vec<Vec<ParamId>>,
-        compute: Option<DType>,
     }
     impl<B, G> ModuleMapper<B> for Lazy<'_, B, G>
     where
@@ -380,20 +385,12 @@ where
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(value.reshape([slot.chunk]));
+            let position = self.ids[slot.unit].len();
             self.ids[slot.unit].push(id);
-            let layout = self.layout.clone();
-            let slot = slot.clone();
-            let compute = self.compute;
             let shape = Shape::from(slot.shape.clone());
             Param::uninitialized(
                 id,
-                move |_, _| {
-                    let full = unpack::<_, D>(cell.full(), &slot, &layout, false);
-                    match compute {
-                        Some(dtype) => full.cast(dtype),
-                        None => full,
-                    }
-                },
+                move |_, _| Tensor::from_primitive(TensorPrimitive::Float(cell.param(position))),
                 device,
                 require_grad,
                 shape,
@@ -403,19 +400,20 @@ where
     let cells = (0..layout.units.len())
         .map(|unit| {
             Arc::new(UnitCell {
+                unit,
+                layout: layout.clone(),
                 parts: Mutex::new(Vec::new()),
                 replicated: Mutex::new(replicated.as_ref().and_then(|r| r.get(unit).cloned())),
-                gathered: Mutex::new(None),
+                built: Mutex::new(None),
                 exchange: exchange.clone(),
+                compute,
             })
         })
         .collect();
     let mut lazy = Lazy {
         cursor: Cursor::new(layout),
-        layout: layout.clone(),
         cells,
         ids: vec![Vec::new(); layout.units.len()],
-        compute,
     };
     let view = sharded.clone().map(&mut lazy);
     lazy.cursor.finish()?;
