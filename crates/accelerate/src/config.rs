@@ -46,7 +46,7 @@ pub struct AcceleratorConfig {
     pub fsdp_sharding_strategy: ShardingStrategy,
     /// Under `strategy = "fsdp"`: which modules are units, each gathered with one collective:
     /// "none" (default: the whole model is one unit), module type names separated by commas
-    /// (e.g. "TransformerEncoderLayer"), or "size:<min parameters>".
+    /// (e.g. "TransformerEncoderLayer"), or `"size:<min parameters>"`.
     pub fsdp_auto_wrap_policy: AutoWrapPolicy,
     /// Under `strategy = "fsdp"`, what `save_state` writes: "sharded" (default; one state
     /// directory per rank, loads at the same world size) or "full" (parameters and optimizer
