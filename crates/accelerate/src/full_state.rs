@@ -12,7 +12,7 @@ use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::distributed::Group;
-use crate::record_tensors::map_state_tensors;
+use crate::record_tensors::{map_state_tensors, param_ids};
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
 
@@ -48,20 +48,32 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        let full = fsdp.full_model(model)?;
         let ids = indices_by_id(fsdp, model);
-        let sharded = encode::<B, _>(optimizer.to_record())?;
-        let gathered = map_state_tensors(&sharded, |id, values, _| {
+        // Everything that can fail on one rank alone, before any collective.
+        let prepared = (|| {
+            self.check_save_target(dir)?;
+            let sharded = encode::<B, _>(optimizer.to_record())?;
+            if let Some(id) = param_ids(&sharded)?
+                .iter()
+                .find(|id| !ids.contains_key(*id))
+            {
+                return Err(unknown(id));
+            }
+            Ok(sharded)
+        })();
+        self.all_ranks_succeeded(&prepared, "save_state")?;
+        let sharded = prepared?;
+        let full = fsdp.full_model(model)?;
+        let gathered = map_state_tensors(&sharded, &ids, |id, values, _| {
             let index = *ids.get(id).ok_or_else(|| unknown(id))?;
             Ok(fsdp.gather_values(index, values, &self.device)?)
         });
         let written = match gathered {
-            Ok(optimizer) if self.is_main_process() => self.write_encoded(
-                dir,
-                encode::<B, _>(full.into_record())?,
-                optimizer,
-                encode::<B, _>(scheduler.to_record::<B>())?,
-            ),
+            Ok(optimizer) if self.is_main_process() => (|| {
+                let model = encode::<B, _>(full.into_record())?;
+                let scheduler = encode::<B, _>(scheduler.to_record::<B>())?;
+                self.write_encoded(dir, model, optimizer, scheduler)
+            })(),
             Ok(_) => Ok(()),
             Err(e) => Err(e),
         };
@@ -92,18 +104,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
             // The record's parameter ids, in the model's visit order.
             let record = decode_record::<B, M::Record>(model_bytes.to_vec(), &self.device, dir)?;
             let ids = indices_by_id(fsdp, &template.clone().load_record(record));
-            map_state_tensors(&optimizer, |id, values, _| {
+            map_state_tensors(&optimizer, &ids, |id, values, _| {
                 let index = *ids.get(id).ok_or_else(|| unknown(id))?;
                 Ok(fsdp.shard_values(index, values)?)
             })
         });
         self.all_ranks_succeeded(&decoded, "load_state")?;
-        let (full, optimizer, scheduler) = self.apply(decoded?, template, optimizer, scheduler);
-        let Some(fsdp) = &self.fsdp else {
-            unreachable!("load_full_state is only called under fsdp");
-        };
+        let ((full, optimizer, scheduler), restored) =
+            self.load_records(decoded?, template, optimizer, scheduler);
         let model = fsdp.shard(full)?;
         fsdp.after_step(&model)?;
+        self.restore(restored);
         Ok((model, optimizer, scheduler))
     }
 }

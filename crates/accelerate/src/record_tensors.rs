@@ -6,32 +6,64 @@
 //! RMSprop, AdaGrad) keep state tensors shaped like their parameter, so each can be gathered
 //! or sharded like the parameter itself.
 
+use std::collections::HashMap;
+
 use burn::tensor::{DType, TensorData};
 use rmpv::Value;
 
 use crate::AccelerateError;
 
+fn bad(what: &str) -> AccelerateError {
+    AccelerateError::Usage(format!("optimizer record: {what}"))
+}
+
+/// The parameter ids the record in `bytes` holds state for.
+pub(crate) fn param_ids(bytes: &[u8]) -> Result<Vec<String>, AccelerateError> {
+    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
+    let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
+        return Err(bad("the item is not a map from parameter id to state"));
+    };
+    params
+        .iter()
+        .map(|(key, _)| {
+            key.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad("a parameter id is not a string"))
+        })
+        .collect()
+}
+
 /// Calls `f(param_id, values, shape)` for every tensor of the record in `bytes`, parameters in
-/// sorted id order (the same on every rank), and puts back the values and shape it returns
-/// (in the tensor's own dtype). Errors on bytes that are not such a record.
+/// the order `index` gives them (their position in the model: the same on every rank, whose
+/// `ParamId`s may differ), and puts back the values and shape it returns (in the tensor's own
+/// dtype). Errors on bytes that are not such a record and on ids `index` lacks (check with
+/// [`param_ids`] first where an error must not leave a collective half done).
 pub(crate) fn map_state_tensors(
     bytes: &[u8],
+    index: &HashMap<String, usize>,
     mut f: impl FnMut(&str, Vec<f32>, &[usize]) -> Result<(Vec<f32>, Vec<usize>), AccelerateError>,
 ) -> Result<Vec<u8>, AccelerateError> {
-    let bad = |what: &str| AccelerateError::Usage(format!("optimizer record: {what}"));
     let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
     let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
     let Value::Map(params) = item else {
         return Err(bad("the item is not a map from parameter id to state"));
     };
-    let mut order: Vec<usize> = (0..params.len()).collect();
-    order.sort_by(|&a, &b| params[a].0.as_str().cmp(&params[b].0.as_str()));
-    for i in order {
-        let (key, state) = &mut params[i];
+    let mut order = Vec::with_capacity(params.len());
+    for (i, (key, _)) in params.iter().enumerate() {
         let id = key
             .as_str()
             .ok_or_else(|| bad("a parameter id is not a string"))?;
-        let id = id.to_string();
+        let position = index.get(id).ok_or_else(|| {
+            bad(&format!(
+                "state for parameter {id}, which the model does not have"
+            ))
+        })?;
+        order.push((*position, i));
+    }
+    order.sort_unstable();
+    for (_, i) in order {
+        let (key, state) = &mut params[i];
+        let id = key.as_str().unwrap_or_default().to_string();
         visit_tensors(state, &mut |values, shape| f(&id, values, shape))?;
     }
     let mut out = Vec::with_capacity(bytes.len());

@@ -118,6 +118,18 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        self.check_save_target(dir)?;
+        self.write_encoded(
+            dir,
+            encode::<B, _>(model.clone().into_record())?,
+            encode::<B, _>(optimizer.to_record())?,
+            encode::<B, _>(scheduler.to_record::<B>())?,
+        )
+    }
+
+    /// Errors when saving now would lose pending gradients, or would replace `dir` although
+    /// it is not a state directory.
+    pub(crate) fn check_save_target(&self, dir: &Path) -> Result<(), AccelerateError> {
         if self.pending_micro_batches() > 0 {
             return Err(AccelerateError::Usage(format!(
                 "save_state() in the middle of an accumulation cycle would lose {} pending \
@@ -131,12 +143,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 dir.display()
             )));
         }
-        self.write_encoded(
-            dir,
-            encode::<B, _>(model.clone().into_record())?,
-            encode::<B, _>(optimizer.to_record())?,
-            encode::<B, _>(scheduler.to_record::<B>())?,
-        )
+        Ok(())
     }
 
     /// Writes a state directory from encoded model, optimizer and scheduler records.
@@ -188,8 +195,18 @@ impl<B: AutodiffBackend> Accelerator<B> {
         S: LrScheduler,
     {
         let full = dir.as_ref().join(MANIFEST).is_file();
-        if let (Some(_), true) = (&self.fsdp, full) {
-            return self.load_full_state(dir.as_ref(), model, optimizer, scheduler);
+        if self.fsdp.is_some() {
+            // Every rank must take the same path (each runs collectives).
+            if !self.same_on_every_rank(&[f64::from(u8::from(full))])? {
+                return Err(AccelerateError::Usage(format!(
+                    "load_state: the ranks do not see the same state at {} (a full state on \
+                     some, a sharded one on others)",
+                    dir.as_ref().display()
+                )));
+            }
+            if full {
+                return self.load_full_state(dir.as_ref(), model, optimizer, scheduler);
+            }
         }
         if !self.is_sharded() {
             let decoded = self.decode(dir.as_ref())?;
@@ -201,10 +218,24 @@ impl<B: AutodiffBackend> Accelerator<B> {
             false => Err(missing_rank_dir(dir.as_ref(), &mine, self.world_size())),
         };
         self.all_ranks_succeeded(&decoded, "load_state")?;
-        let (model, optimizer, scheduler) = self.apply(decoded?, model, optimizer, scheduler);
+        let decoded = decoded?;
+        // The parts must come from one save: a save that failed on some rank leaves the
+        // others' newer parts next to its older one.
+        let c = decoded.state.counters;
+        let counters = [c.optimizer_steps, c.skipped_steps, c.micro_batches].map(|v| v as f64);
+        if !self.same_on_every_rank(&counters)? {
+            return Err(AccelerateError::Usage(format!(
+                "load_state: the ranks' parts in {} come from different saves (their step \
+                 counters differ); nothing was loaded",
+                dir.as_ref().display()
+            )));
+        }
+        let ((model, optimizer, scheduler), saved) =
+            self.load_records(decoded, model, optimizer, scheduler);
         if let Some(fsdp) = &self.fsdp {
             fsdp.after_step(&model)?;
         }
+        self.restore(saved);
         Ok((model, optimizer, scheduler))
     }
 
@@ -350,6 +381,25 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        let (loaded, saved) = self.load_records(decoded, model, optimizer, scheduler);
+        self.restore(saved);
+        loaded
+    }
+
+    /// The model, optimizer and scheduler with the decoded records loaded, and what
+    /// [`restore`](Self::restore) then gives the Accelerator (nothing here changes yet).
+    pub(crate) fn load_records<M, O, S>(
+        &self,
+        decoded: Decoded<B, M, O, S>,
+        model: M,
+        optimizer: O,
+        scheduler: S,
+    ) -> ((M, O, S), Restored)
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
         let Decoded {
             state,
             scaler,
@@ -368,6 +418,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
             );
         }
         let model = self.to_param_dtype(model.load_record(model_record));
+        let loaded = (
+            model,
+            optimizer.load_record(optim_record),
+            scheduler.load_record::<B>(sched_record),
+        );
+        (loaded, Restored { state, scaler })
+    }
+
+    /// Gives the Accelerator the loaded counters, loss scaler, seed and data position.
+    pub(crate) fn restore(&mut self, restored: Restored) {
+        let Restored { state, scaler } = restored;
         self.scaler = scaler;
         self.config.seed = state.seed;
         self.counters = state.counters;
@@ -376,12 +437,36 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = state.data;
         self.reseed();
-        (
-            model,
-            optimizer.load_record(optim_record),
-            scheduler.load_record::<B>(sched_record),
-        )
     }
+
+    /// Whether every rank passed the same `values` (small integers; two small all-reduces;
+    /// true on one device): each rank checks that the sum over ranks is `world` times its own
+    /// values, and the ranks then agree on the verdict.
+    pub(crate) fn same_on_every_rank(&self, values: &[f64]) -> Result<bool, AccelerateError> {
+        let Some(ddp) = &self.ddp else {
+            return Ok(true);
+        };
+        let mine: Vec<f32> = values.iter().map(|v| *v as f32).collect();
+        let tensor = Tensor::<B::InnerBackend, 1>::from_floats(mine.as_slice(), &self.device);
+        let sums = ddp.group().all_reduce(tensor, ReduceOp::Sum)?;
+        let sums = sums.into_data().to_vec::<f32>().unwrap_or_default();
+        let world = self.world_size() as f32;
+        let agree = sums.len() == mine.len()
+            && sums
+                .iter()
+                .zip(&mine)
+                .all(|(sum, v)| (sum - world * v).abs() < 0.5);
+        let vote = f32::from(u8::from(agree));
+        let vote = Tensor::<B::InnerBackend, 1>::from_floats([vote], &self.device);
+        let votes = ddp.group().all_reduce(vote, ReduceOp::Sum)?.into_scalar();
+        Ok(votes.elem::<f32>().round() as usize == self.world_size())
+    }
+}
+
+/// What a load gives the Accelerator once nothing else can fail.
+pub(crate) struct Restored {
+    state: AcceleratorState,
+    scaler: Option<afterburner_precision::GradScaler>,
 }
 
 /// Encodes a record the way state files hold it.

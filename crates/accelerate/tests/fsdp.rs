@@ -335,8 +335,22 @@ fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
     }
 }
 
-/// One phase on `world` workers: set up a ViT (`seed`), optionally load `load`, train
-/// `epochs` of 48 digits, optionally save to `save`; per rank, the full parameters at the end.
+/// Gives every parameter a new `ParamId`, as a model built in each process has (MPI ranks).
+struct NewIds;
+
+impl burn::module::ModuleMapper<B> for NewIds {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<B, D>> {
+        let (_, value, mapper) = param.consume();
+        burn::module::Param::from_mapped_value(burn::module::ParamId::new(), value, mapper)
+    }
+}
+
+/// One phase on `world` workers: set up a ViT (`seed`; every rank with its own `ParamId`s),
+/// optionally load `load`, train `epochs` of 48 digits, optionally save to `save`; per rank,
+/// the full parameters at the end.
 fn phase(
     config: AcceleratorConfig,
     world: usize,
@@ -348,7 +362,8 @@ fn phase(
     let initial = vit(seed);
     let devices = vec![Default::default(); world];
     Accelerator::<B>::launch(config, devices, move |mut acc| {
-        let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        let model = initial.clone().map(&mut NewIds);
+        let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init())?;
         if let Some(dir) = &load {
             (model, optim, _) = acc.load_state(dir, model, optim, 1e-3)?;
             assert_eq!(acc.data_position(), (range.start, 0));
@@ -379,7 +394,8 @@ fn a_full_state_resumes_at_any_world_size_and_without_fsdp() {
     );
 
     // Same world size: the second epoch ends bitwise where the straight run did (the AdamW
-    // moments were gathered and sharded again exactly).
+    // moments were gathered and sharded again exactly, parameter by parameter although every
+    // rank names its parameters with other ids).
     let resumed = phase(full.clone(), 2, 9, Some(dir.clone()), None, 1..2);
     assert_eq!(resumed[0], straight[0], "resumed = straight, bitwise");
     // 4 workers load the same state: every parameter as saved; training goes on.

@@ -125,7 +125,10 @@ impl<B: Backend, T: Module<B>> Checkpointed<B, T> {
             slots: vec![input.into_primitive().tensor()],
             params: Vec::new(),
             groups: Vec::new(),
-            derive: apply.is_some(),
+            derive: match apply {
+                Some(_) => derivable_groups(&self.block),
+                None => Vec::new(),
+            },
         };
         self.block.visit(&mut collect);
         let seed = (self.replay_rng && scope::replays_rng()).then(scope::next_block_seed);
@@ -240,21 +243,44 @@ enum Source {
     Derived(usize, usize),
 }
 
+/// The derived groups whose parameters all belong to `block` (a group reaching outside the
+/// block would be built whole for every block that holds part of it: such parameters are
+/// read as values instead).
+fn derivable_groups<B: Backend, M: Module<B>>(block: &M) -> Vec<Arc<DerivedParams<B>>> {
+    struct Count<B: Backend>(Vec<(Arc<DerivedParams<B>>, usize)>);
+    impl<B: Backend> ModuleVisitor<B> for Count<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some((group, _)) = derived::lookup::<B>(param.id) {
+                match self.0.iter_mut().find(|(g, _)| Arc::ptr_eq(g, &group)) {
+                    Some((_, seen)) => *seen += 1,
+                    None => self.0.push((group, 1)),
+                }
+            }
+        }
+    }
+    let mut count = Count(Vec::new());
+    block.visit(&mut count);
+    count
+        .0
+        .into_iter()
+        .filter(|(group, seen)| *seen == group.ids.len())
+        .map(|(group, _)| group)
+        .collect()
+}
+
 /// Collects the float parameters in visit order: their values as slots (reading lazy ones
-/// initialises them), or, with `derive`, the derived groups they belong to (not read).
+/// initialises them), or, for groups in `derive`, the derived group they belong to (not read).
 struct CollectParams<B: Backend> {
     slots: Vec<FloatTensor<B>>,
     params: Vec<Source>,
     groups: Vec<Arc<DerivedParams<B>>>,
-    derive: bool,
+    derive: Vec<Arc<DerivedParams<B>>>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for CollectParams<B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let derived = self
-            .derive
-            .then(|| derived::lookup::<B>(param.id))
-            .flatten();
+        let derived = derived::lookup::<B>(param.id)
+            .filter(|(group, _)| self.derive.iter().any(|g| Arc::ptr_eq(g, group)));
         let source = match derived {
             Some((group, position)) => {
                 let index = match self.groups.iter().position(|g| Arc::ptr_eq(g, &group)) {

@@ -88,3 +88,27 @@ fn a_derived_weight_is_built_twice_and_its_source_gets_the_gradient() {
     assert_eq!(values(y), values(linear.forward(x)));
     assert_eq!(builds.load(Ordering::Relaxed), builds_before);
 }
+
+#[test]
+fn a_group_reaching_outside_the_block_is_not_derived() {
+    afterburner_checkpoint::enable::<B>();
+    let device = Default::default();
+    let linear: Linear<B> = LinearConfig::new(3, 2).with_bias(false).init(&device);
+    let _ = linear.weight.val();
+    let x = Tensor::<B, 2>::random([4, 3], Distribution::Default, &device);
+    let block = Checkpointed::new(linear.clone());
+    // The group also holds a parameter of another block: building it for this block alone
+    // would gather more than the block needs, so the block uses its own weight.
+    let other = burn::module::ParamId::new();
+    let group = DerivedParams::<B> {
+        ids: vec![linear.weight.id, other],
+        sources: vec![],
+        build: Arc::new(|_| unreachable!("not built for a block holding part of the group")),
+    };
+    let y = with_derived_params(vec![group], || {
+        with_policy(CheckpointPolicy::All, || {
+            block.forward(x.clone(), |l: &Linear<B>, x| l.forward(x))
+        })
+    });
+    assert_eq!(values(y), values(linear.forward(x)));
+}

@@ -267,6 +267,8 @@ impl<B: Backend> ProcessGroup<B> for MpiGroup<B> {
     ) -> Result<Tensor<B, 1>, ParallelError> {
         let dtype = tensor.dtype();
         let mine = host(tensor);
+        // Lengths first (every rank joins), so an indivisible length errors on every rank.
+        self.same_length("reduce_scatter", mine.len())?;
         if !mine.len().is_multiple_of(self.size) {
             return Err(ParallelError::Mismatch {
                 rank: self.rank,
@@ -277,7 +279,6 @@ impl<B: Backend> ProcessGroup<B> for MpiGroup<B> {
                 ),
             });
         }
-        self.same_length("reduce_scatter", mine.len())?;
         let mut chunk = vec![0f32; mine.len() / self.size];
         self.watchdog.during("reduce_scatter", || {
             world().reduce_scatter_block_into(&mine[..], &mut chunk[..], SystemOperation::sum())

@@ -172,11 +172,12 @@ fn unit_keys(params: &[Found], policy: &AutoWrapPolicy) -> Vec<String> {
         AutoWrapPolicy::Modules(names) => params
             .iter()
             .map(|p| {
-                // The first enclosing struct of a listed type: its fields are entered with
-                // container "Struct:<type>", so the struct itself is the path before that.
+                // The innermost enclosing struct of a listed type (nested listed modules are
+                // units of their own): its fields are entered with container
+                // "Struct:<type>", so the struct itself is the path before that.
                 p.containers
                     .iter()
-                    .position(|c| {
+                    .rposition(|c| {
                         c.strip_prefix("Struct:")
                             .is_some_and(|t| names.iter().any(|n| n == t))
                     })
@@ -216,4 +217,54 @@ fn size_based(params: &[Found], min: usize) -> Vec<String> {
         }
     }
     keys.into_iter().map(Option::unwrap_or_default).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::module::Module;
+    use burn::nn::{Linear, LinearConfig};
+
+    use super::*;
+
+    #[derive(Module, Debug)]
+    struct Mlp<B: Backend> {
+        up: Linear<B>,
+    }
+
+    #[derive(Module, Debug)]
+    struct Block<B: Backend> {
+        attn: Linear<B>,
+        mlp: Mlp<B>,
+    }
+
+    #[derive(Module, Debug)]
+    struct Net<B: Backend> {
+        blocks: Vec<Block<B>>,
+        head: Linear<B>,
+    }
+
+    #[test]
+    fn nested_listed_modules_are_units_of_their_own() {
+        let device = Default::default();
+        let linear = || LinearConfig::new(2, 2).init::<Flex>(&device);
+        let net = Net {
+            blocks: (0..2)
+                .map(|_| Block {
+                    attn: linear(),
+                    mlp: Mlp { up: linear() },
+                })
+                .collect(),
+            head: linear(),
+        };
+        let policy = "Block,Mlp".parse().unwrap();
+        let layout = ShardLayout::new(&net, &policy, 0, 2);
+        assert_eq!(
+            layout.unit_paths(),
+            ["blocks.0", "blocks.0.mlp", "blocks.1", "blocks.1.mlp", ""]
+        );
+        // Shards: every parameter split in 2 (2x2 weights, 2 biases), padded chunks included.
+        assert_eq!(layout.full_elements(), 5 * 6);
+        assert_eq!(layout.local_elements(), 5 * 3);
+    }
 }

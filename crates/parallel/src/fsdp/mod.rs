@@ -212,14 +212,14 @@ where
     /// Each float parameter's index in the layout, by `ParamId`, for `sharded` as it is now (ids
     /// change when a record is loaded): to match a record's entries to parameters.
     pub fn param_indices<M: Module<B>>(&self, sharded: &M) -> HashMap<ParamId, usize> {
-        struct Ids(HashMap<ParamId, usize>);
+        struct Ids(HashMap<ParamId, usize>, usize);
         impl<B: Backend> ModuleVisitor<B> for Ids {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-                let next = self.0.len();
-                self.0.insert(param.id, next);
+                self.0.insert(param.id, self.1);
+                self.1 += 1;
             }
         }
-        let mut ids = Ids(HashMap::new());
+        let mut ids = Ids(HashMap::new(), 0);
         sharded.visit(&mut ids);
         ids.0
     }
