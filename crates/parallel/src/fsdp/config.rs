@@ -58,7 +58,8 @@ pub enum AutoWrapPolicy {
     None,
     /// Each module whose struct type has one of these names is a unit (Lightning's
     /// `auto_wrap_policy={Block}`, Accelerate's `transformer_layer_cls_to_wrap`), e.g.
-    /// `"TransformerEncoderLayer"`. Written as a comma-separated list.
+    /// `"TransformerEncoderLayer"`; a listed module inside another listed one is a unit of its
+    /// own. Written as a comma-separated list.
     Modules(Vec<String>),
     /// Deepest modules first, a module whose not-yet-wrapped parameters number at least this
     /// many becomes a unit (PyTorch's `size_based_auto_wrap_policy`). Written `size:<n>`.
