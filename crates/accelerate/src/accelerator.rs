@@ -17,10 +17,10 @@ use burn::optim::lr_scheduler::LrScheduler;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
-use serde::{Deserialize, Serialize};
 
 use crate::data::{Batcher, DataLoader, DataProgress};
 use crate::distributed::Group;
+pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
 use crate::{AccelerateError, AcceleratorConfig, Strategy};
 
@@ -30,38 +30,6 @@ const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
 const BACKWARD_SEED_DOMAIN: u64 = 0xBAC4;
 /// Domain tag for the checkpointed blocks' seed stream.
 const BLOCK_SEED_DOMAIN: u64 = 0xB10C;
-
-/// Progress counters, saved with the training state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
-    /// Optimizer steps taken.
-    pub optimizer_steps: u64,
-    /// Steps skipped because the fp16 gradients overflowed.
-    pub skipped_steps: u64,
-    /// Micro-batches passed through `backward`.
-    pub micro_batches: u64,
-}
-
-/// What the last call to [`Accelerator::step`] did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum StepOutcome {
-    /// No step call yet.
-    Idle,
-    /// Gradients were kept for the next micro-batch of the cycle; nothing changed.
-    Accumulating,
-    /// The optimizer stepped.
-    Stepped {
-        /// Learning rate used.
-        lr: f64,
-        /// Global gradient norm before clipping, when it was computed (clipping or fp16).
-        grad_norm: Option<f64>,
-    },
-    /// fp16 gradients held inf/NaN: parameters, optimizer and LR scheduler untouched.
-    SkippedOverflow {
-        /// The loss scale after backing off.
-        loss_scale: f64,
-    },
-}
 
 /// Trains a Burn model with mixed precision, gradient accumulation and global-norm clipping,
 /// on one device, from an ordinary loop:

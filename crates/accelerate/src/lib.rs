@@ -26,9 +26,12 @@ mod distributed;
 mod error;
 mod full_state;
 pub mod models;
+mod outcome;
 mod record_tensors;
 pub mod rng;
+mod sharded_state;
 mod state;
+mod state_files;
 
 pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;

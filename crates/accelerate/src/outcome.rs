@@ -1,0 +1,36 @@
+//! What training has done so far ([`Counters`], saved with the state) and what the last
+//! [`step`](crate::Accelerator::step) did ([`StepOutcome`]).
+
+use serde::{Deserialize, Serialize};
+
+/// Progress counters, saved with the training state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Optimizer steps taken.
+    pub optimizer_steps: u64,
+    /// Steps skipped because the fp16 gradients overflowed.
+    pub skipped_steps: u64,
+    /// Micro-batches passed through `backward`.
+    pub micro_batches: u64,
+}
+
+/// What the last call to [`Accelerator::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StepOutcome {
+    /// No step call yet.
+    Idle,
+    /// Gradients were kept for the next micro-batch of the cycle; nothing changed.
+    Accumulating,
+    /// The optimizer stepped.
+    Stepped {
+        /// Learning rate used.
+        lr: f64,
+        /// Global gradient norm before clipping, when it was computed (clipping or fp16).
+        grad_norm: Option<f64>,
+    },
+    /// fp16 gradients held inf/NaN: parameters, optimizer and LR scheduler untouched.
+    SkippedOverflow {
+        /// The loss scale after backing off.
+        loss_scale: f64,
+    },
+}
