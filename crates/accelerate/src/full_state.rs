@@ -12,7 +12,7 @@ use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::distributed::Group;
-use crate::record_tensors::{map_state_tensors, param_ids};
+use crate::record_tensors::{check_param_ids, map_state_tensors};
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
 
@@ -25,12 +25,6 @@ fn indices_by_id<B: AutodiffBackend, M: AutodiffModule<B>>(
         .into_iter()
         .map(|(id, index)| (id.serialize(), index))
         .collect()
-}
-
-fn unknown(id: &str) -> AccelerateError {
-    AccelerateError::Usage(format!(
-        "optimizer state for parameter {id}, which the model does not have"
-    ))
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -53,19 +47,13 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let prepared = (|| {
             self.check_save_target(dir)?;
             let sharded = encode::<B, _>(optimizer.to_record())?;
-            if let Some(id) = param_ids(&sharded)?
-                .iter()
-                .find(|id| !ids.contains_key(*id))
-            {
-                return Err(unknown(id));
-            }
+            check_param_ids(&sharded, &ids)?;
             Ok(sharded)
         })();
         self.all_ranks_succeeded(&prepared, "save_state")?;
         let sharded = prepared?;
         let full = fsdp.full_model(model)?;
-        let gathered = map_state_tensors(&sharded, &ids, |id, values, _| {
-            let index = *ids.get(id).ok_or_else(|| unknown(id))?;
+        let gathered = map_state_tensors(&sharded, &ids, |index, values| {
             Ok(fsdp.gather_values(index, values, &self.device)?)
         });
         let written = match gathered {
@@ -104,8 +92,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             // The record's parameter ids, in the model's visit order.
             let record = decode_record::<B, M::Record>(model_bytes.to_vec(), &self.device, dir)?;
             let ids = indices_by_id(fsdp, &template.clone().load_record(record));
-            map_state_tensors(&optimizer, &ids, |id, values, _| {
-                let index = *ids.get(id).ok_or_else(|| unknown(id))?;
+            map_state_tensors(&optimizer, &ids, |index, values| {
                 Ok(fsdp.shard_values(index, values)?)
             })
         });

@@ -17,39 +17,26 @@ fn bad(what: &str) -> AccelerateError {
     AccelerateError::Usage(format!("optimizer record: {what}"))
 }
 
-/// The parameter ids the record in `bytes` holds state for.
-pub(crate) fn param_ids(bytes: &[u8]) -> Result<Vec<String>, AccelerateError> {
-    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-    let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
-        return Err(bad("the item is not a map from parameter id to state"));
-    };
-    params
-        .iter()
-        .map(|(key, _)| {
-            key.as_str()
-                .map(str::to_string)
-                .ok_or_else(|| bad("a parameter id is not a string"))
-        })
-        .collect()
-}
-
-/// Calls `f(param_id, values, shape)` for every tensor of the record in `bytes`, parameters in
-/// the order `index` gives them (their position in the model: the same on every rank, whose
-/// `ParamId`s may differ), and puts back the values and shape it returns (in the tensor's own
-/// dtype). Errors on bytes that are not such a record and on ids `index` lacks (check with
-/// [`param_ids`] first where an error must not leave a collective half done).
-pub(crate) fn map_state_tensors(
+/// Errors unless every parameter the record in `bytes` holds state for is in `index` (to
+/// check before starting collectives that [`map_state_tensors`] would leave half done).
+pub(crate) fn check_param_ids(
     bytes: &[u8],
     index: &HashMap<String, usize>,
-    mut f: impl FnMut(&str, Vec<f32>, &[usize]) -> Result<(Vec<f32>, Vec<usize>), AccelerateError>,
-) -> Result<Vec<u8>, AccelerateError> {
+) -> Result<(), AccelerateError> {
     let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-    let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
-    let Value::Map(params) = item else {
-        return Err(bad("the item is not a map from parameter id to state"));
-    };
+    match field_mut(&mut record, "item") {
+        Some(Value::Map(params)) => positions(params, index).map(|_| ()),
+        _ => Err(bad("the item is not a map from parameter id to state")),
+    }
+}
+
+/// `(position in the model, entry)` for every entry of the record's parameter map, sorted.
+fn positions(
+    params: &[(Value, Value)],
+    index: &HashMap<String, usize>,
+) -> Result<Vec<(usize, usize)>, AccelerateError> {
     let mut order = Vec::with_capacity(params.len());
-    for (i, (key, _)) in params.iter().enumerate() {
+    for (entry, (key, _)) in params.iter().enumerate() {
         let id = key
             .as_str()
             .ok_or_else(|| bad("a parameter id is not a string"))?;
@@ -58,13 +45,30 @@ pub(crate) fn map_state_tensors(
                 "state for parameter {id}, which the model does not have"
             ))
         })?;
-        order.push((*position, i));
+        order.push((*position, entry));
     }
     order.sort_unstable();
-    for (_, i) in order {
-        let (key, state) = &mut params[i];
-        let id = key.as_str().unwrap_or_default().to_string();
-        visit_tensors(state, &mut |values, shape| f(&id, values, shape))?;
+    Ok(order)
+}
+
+/// Calls `f(position, values)` for every tensor of the record in `bytes`, `position` being
+/// its parameter's place in the model as `index` gives it, parameters in that order (the same
+/// on every rank, whose `ParamId`s may differ), and puts back the values and shape `f` returns
+/// (in the tensor's own dtype). Errors on bytes that are not such a record and on ids `index`
+/// lacks (check with [`check_param_ids`] first where an error must not leave a collective half
+/// done).
+pub(crate) fn map_state_tensors(
+    bytes: &[u8],
+    index: &HashMap<String, usize>,
+    mut f: impl FnMut(usize, Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), AccelerateError>,
+) -> Result<Vec<u8>, AccelerateError> {
+    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
+    let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
+    let Value::Map(params) = item else {
+        return Err(bad("the item is not a map from parameter id to state"));
+    };
+    for (position, i) in positions(params, index)? {
+        visit_tensors(&mut params[i].1, &mut |values| f(position, values))?;
     }
     let mut out = Vec::with_capacity(bytes.len());
     rmpv::encode::write_value(&mut out, &record).map_err(|e| bad(&e.to_string()))?;
@@ -81,18 +85,16 @@ fn field_mut<'a>(value: &'a mut Value, name: &str) -> Option<&'a mut Value> {
         .map(|(_, v)| v)
 }
 
-type TensorFn<'a> =
-    dyn FnMut(Vec<f32>, &[usize]) -> Result<(Vec<f32>, Vec<usize>), AccelerateError> + 'a;
+type TensorFn<'a> = dyn FnMut(Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), AccelerateError> + 'a;
 
 /// Depth-first, in the record's own order (struct fields in declaration order).
 fn visit_tensors(value: &mut Value, f: &mut TensorFn<'_>) -> Result<(), AccelerateError> {
     if let Some((data, dtype)) = as_tensor(value)? {
-        let shape = data.shape.to_vec();
         let values = data
             .convert::<f32>()
             .into_vec::<f32>()
             .map_err(|e| AccelerateError::Usage(format!("optimizer state tensor: {e:?}")))?;
-        let (values, shape) = f(values, &shape)?;
+        let (values, shape) = f(values)?;
         let data = TensorData::new(values, shape.clone()).convert_dtype(dtype);
         if let Some(bytes) = field_mut(value, "bytes") {
             *bytes = Value::Binary(data.bytes.to_vec());

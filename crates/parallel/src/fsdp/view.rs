@@ -35,25 +35,14 @@ fn shard_dims<const D: usize>(chunk: usize) -> [usize; D] {
     dims
 }
 
-/// A parameter's full value out of its unit's rank-major full buffer.
-/// With `flat`, as a 1-D tensor of its values (`D` must then be 1).
-fn unpack<I: Backend, const D: usize>(
-    full: Tensor<I, 1>,
-    slot: &ParamSlot,
-    layout: &ShardLayout,
-    flat: bool,
-) -> Tensor<I, D> {
+/// A parameter's values (flat, row-major) out of its unit's rank-major full buffer.
+fn unpack<I: Backend>(full: Tensor<I, 1>, slot: &ParamSlot, layout: &ShardLayout) -> Tensor<I, 1> {
     let world = layout.world;
     let local_len = layout.units[slot.unit].local_len;
-    let values = full
-        .reshape([world, local_len])
+    full.reshape([world, local_len])
         .narrow(1, slot.offset, slot.chunk)
         .reshape([world * slot.chunk])
-        .narrow(0, 0, slot.numel);
-    match flat {
-        true => values.reshape(Shape::from(vec![slot.numel])),
-        false => values.reshape(Shape::from(slot.shape.clone())),
-    }
+        .narrow(0, 0, slot.numel)
 }
 
 /// Walks parameters in visit order against the layout, keeping the first mismatch.
@@ -239,13 +228,9 @@ pub(crate) fn from_buffers<B: AutodiffBackend, M: Module<B>>(
             let Some(slot) = self.cursor.advance(id, &value.dims(), true) else {
                 return Param::from_mapped_value(id, value, mapper);
             };
-            let full = unpack::<_, D>(
-                self.buffers[slot.unit].clone(),
-                slot,
-                self.cursor.layout,
-                false,
-            )
-            .cast(slot.dtype);
+            let full = unpack(self.buffers[slot.unit].clone(), slot, self.cursor.layout)
+                .reshape(Shape::from(slot.shape.clone()))
+                .cast(slot.dtype);
             let leaf = Tensor::from_inner(full).set_require_grad(value.is_require_grad());
             Param::from_mapped_value(id, leaf, mapper)
         }
@@ -336,7 +321,7 @@ where
         .iter()
         .map(|&index| {
             let slot = &layout.slots[index];
-            let flat = unpack::<B, 1>(full.clone(), slot, layout, true);
+            let flat = unpack(full.clone(), slot, layout);
             let flat = match compute {
                 Some(dtype) => flat.cast(dtype),
                 None => flat,
