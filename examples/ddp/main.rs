@@ -24,7 +24,7 @@ mod backend;
 
 use afterburner::data::{ImageBatcher, ImageItem, digits, train_test_split};
 use afterburner::models::VitConfig;
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
 use backend::{B, device};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
@@ -58,7 +58,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = AcceleratorConfig {
         strategy,
         devices: workers,
-        fsdp_auto_wrap_policy: "TransformerEncoderLayer".parse()?,
+        fsdp: FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse()?,
+            ..Default::default()
+        },
         ..Default::default()
     };
     // Flex keeps one RNG per process: build the model once, before the workers start.
@@ -135,7 +138,7 @@ fn train_and_evaluate(
     for epoch in 0..epochs {
         let mut total = 0.0;
         for batch in loader.epoch(epoch) {
-            let logits = acc.forward(&model, batch.images, |m, x| m.forward(x));
+            let logits = acc.forward(&model, batch.images, |m, x| m.forward(x))?;
             let loss = loss_fn.forward(logits, batch.labels);
             total += loss.clone().into_scalar().elem::<f64>();
             acc.backward(loss, &model)?;
@@ -154,7 +157,7 @@ fn train_and_evaluate(
     let n_test = test.len();
     let mut correct = Vec::new();
     for batch in acc.eval_dataloader(test, BATCHER, 256)?.epoch(0) {
-        let logits = acc.forward(&model, batch.images, |m, x| m.forward(x));
+        let logits = acc.forward(&model, batch.images, |m, x| m.forward(x))?;
         let hits = logits.argmax(1).reshape([-1]).equal(batch.labels).float();
         correct.extend(
             hits.into_data()

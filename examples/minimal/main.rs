@@ -14,7 +14,7 @@ mod backend;
 
 use afterburner::data::{DataLoader, ImageBatcher, digits, train_test_split};
 use afterburner::models::{Vit, VitConfig};
-use afterburner::{Accelerator, AcceleratorConfig};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
@@ -89,7 +89,7 @@ fn train_plain(
             total / loader.num_batches() as f64
         );
     }
-    Ok(accuracy(test, |x| model.forward(x)))
+    Ok(accuracy(test, |x| Ok(model.forward(x)))?)
 }
 
 /// The same loop on afterburner: the six changed lines are marked.
@@ -108,7 +108,7 @@ fn train_accelerated(
     for epoch in 0..args.epochs {
         let mut total = 0.0;
         for batch in loader.epoch(epoch) {
-            let logits = acc.forward(&model, batch.images, |m, x| m.forward(x)); // (4)
+            let logits = acc.forward(&model, batch.images, |m, x| m.forward(x))?; // (4)
             let loss = loss_fn.forward(logits, batch.labels);
             total += loss.clone().into_scalar().elem::<f64>();
             acc.backward(loss, &model)?; // (5)
@@ -123,14 +123,14 @@ fn train_accelerated(
     }
     Ok(accuracy(test, |x| {
         acc.forward(&model, x, |m: &Vit<B>, x| m.forward(x))
-    }))
+    })?)
 }
 
 /// Share of `items` whose arg-max logit is the label.
 fn accuracy(
     items: &[afterburner::data::ImageItem],
-    forward: impl Fn(Tensor<B, 4>) -> Tensor<B, 2>,
-) -> f64 {
+    forward: impl Fn(Tensor<B, 4>) -> Result<Tensor<B, 2>, AccelerateError>,
+) -> Result<f64, AccelerateError> {
     let device = device();
     let pixels: Vec<f32> = items
         .iter()
@@ -138,14 +138,14 @@ fn accuracy(
         .collect();
     let images =
         Tensor::<B, 4>::from_data(TensorData::new(pixels, [items.len(), 1, 8, 8]), &device);
-    let predicted = forward(images).argmax(1).into_data();
+    let predicted = forward(images)?.argmax(1).into_data();
     let predicted: Vec<i64> = predicted.convert::<i64>().to_vec().unwrap_or_default();
     let correct = items
         .iter()
         .zip(&predicted)
         .filter(|(item, p)| item.label as i64 == **p)
         .count();
-    correct as f64 / items.len() as f64
+    Ok(correct as f64 / items.len() as f64)
 }
 
 fn parse_args() -> Result<Args, String> {

@@ -2,12 +2,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use afterburner_checkpoint::{
-    CheckpointError, CheckpointPolicy, DerivedParams, with_derived_params,
-};
-use afterburner_parallel::{
-    Ddp, Fsdp, FsdpConfig, OptimizerSharding, ShardingStrategy, SharedGroup,
-};
+use afterburner_checkpoint::{CheckpointError, CheckpointPolicy, with_derived_params};
+use afterburner_parallel::{ForwardView, TrainingStrategy};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -22,6 +18,7 @@ use crate::data::{Batcher, DataLoader, DataProgress};
 use crate::distributed::Group;
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
+use crate::strategy::AnyStrategy;
 use crate::{AccelerateError, AcceleratorConfig, Strategy};
 
 /// Domain tag for the per-step backend seeds.
@@ -38,7 +35,7 @@ const BLOCK_SEED_DOMAIN: u64 = 0xB10C;
 /// let mut acc = Accelerator::<B>::new(config, device)?;
 /// let (mut model, mut optim) = acc.setup(model, optim)?;
 /// for batch in acc.dataloader(items, batcher, 64)?.epoch(epoch) {
-///     let logits = acc.forward(&model, batch.images, |m, x| m.forward(x));
+///     let logits = acc.forward(&model, batch.images, |m, x| m.forward(x))?;
 ///     let loss = CrossEntropyLossConfig::new().init(&device).forward(logits, batch.labels);
 ///     acc.backward(loss, &model)?;
 ///     model = acc.step(model, &mut optim, &mut lr)?;
@@ -56,14 +53,10 @@ pub struct Accelerator<B: AutodiffBackend> {
     unscaled: Option<GradSummary>,
     clipped: bool,
     last: StepOutcome,
-    /// Data parallel state on several ranks (every multi-device strategy).
-    pub(crate) ddp: Option<Ddp<B, SharedGroup<Group<B>>>>,
-    /// Parameter sharding under `strategy = "fsdp"` (unless its sharding is `none`).
-    pub(crate) fsdp: Option<Fsdp<B, Group<B>>>,
-    /// Whether the pending gradients were all-reduced in this cycle.
+    /// How training is spread over devices (single-device, DDP, ZeRO-1, FSDP).
+    pub(crate) strategy: AnyStrategy<B>,
+    /// Whether the strategy reduced the pending gradients in this cycle.
     pub(crate) synced: bool,
-    /// Parameter ownership under `strategy = "zero-1"` (set at the first step).
-    pub(crate) sharding: Option<OptimizerSharding>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -86,21 +79,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         group: Option<Group<B>>,
     ) -> Result<Self, AccelerateError> {
         config.validate()?;
-        let shared = group.map(SharedGroup::new);
-        let ddp = shared.clone().map(Ddp::new);
-        let fsdp = match shared {
-            Some(group)
-                if config.strategy == Strategy::Fsdp
-                    && config.fsdp_sharding_strategy != ShardingStrategy::NoShard =>
-            {
-                let fsdp_config = FsdpConfig {
-                    sharding: config.fsdp_sharding_strategy,
-                    auto_wrap: config.fsdp_auto_wrap_policy.clone(),
-                };
-                Some(Fsdp::new(group, fsdp_config)?)
-            }
-            _ => None,
-        };
+        let strategy = AnyStrategy::build(&config, group)?;
         config.precision.check_backend::<B>(&device)?;
         let scaler = if config.precision.needs_loss_scaling() {
             Some(GradScaler::new(config.grad_scaler)?)
@@ -119,6 +98,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         B::seed(&device, config.seed);
         afterburner_checkpoint::seed_blocks(derive_seed(config.seed, BLOCK_SEED_DOMAIN, 0));
         tracing::info!(
+            strategy = strategy.name(),
             precision = %config.precision,
             gradient_checkpointing = %config.gradient_checkpointing,
             backend = B::name(&device),
@@ -135,10 +115,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
             unscaled: None,
             clipped: false,
             last: StepOutcome::Idle,
-            ddp,
-            fsdp,
+            strategy,
             synced: false,
-            sharding: None,
         })
     }
 
@@ -157,6 +135,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.config.precision
     }
 
+    /// The strategy this Accelerator trains with (built from the config's `strategy`).
+    pub fn strategy(&self) -> &AnyStrategy<B> {
+        &self.strategy
+    }
+
     /// Moves the model to the device, initialises every lazy parameter, and for the `*-true`
     /// modes casts it to the half dtype. The optimizer is returned as is: Burn optimizers
     /// create their state from the gradients, so it follows the parameters' dtype (f32 master
@@ -173,14 +156,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// The model half of [`setup`](Self::setup).
     pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
         let model = self.to_param_dtype(model.fork(&self.device));
-        let model = match &self.ddp {
-            Some(ddp) => ddp.setup(model)?,
-            None => model,
-        };
-        match &self.fsdp {
-            Some(fsdp) => Ok(fsdp.shard(model)?),
-            None => Ok(model),
-        }
+        Ok(self.strategy.setup(model)?)
     }
 
     /// Initialises lazy parameters and casts them to the policy's parameter dtype.
@@ -218,9 +194,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// output's float tensors come back in f32 so the loss is computed in f32. The model's
     /// `Checkpointed` blocks follow the config's `gradient_checkpointing` policy (their
     /// recompute runs in the same half view, so in the same dtypes). Under FSDP the forward
-    /// pass runs on a view whose units are gathered from every rank when first read (a model
-    /// that is not the one `setup`/`step` returned makes the next `backward` fail).
-    pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> O
+    /// pass runs on a view whose units are gathered from every rank when first read; a model
+    /// that is not the one `setup`/`step` returned is an error here, before anything runs.
+    pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> Result<O, AccelerateError>
     where
         M: Module<B>,
         I: CastFloats,
@@ -231,27 +207,27 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let compute = precision.compute_dtype();
         let input = input.cast_floats(compute);
         let mixed = precision.is_mixed().then_some(compute);
+        let view = match self.strategy.forward_view(model, mixed) {
+            Ok(view) => view,
+            Err(e) => {
+                // Recorded by the strategy too; clear it so the next backward starts clean.
+                let _ = self.strategy.after_backward();
+                return Err(e.into());
+            }
+        };
         let output =
             afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
-                match (&self.fsdp, mixed) {
-                    // On error (recorded: `backward` reports it) the model runs as given.
-                    (Some(fsdp), _)
-                        if let Ok((view, units)) = fsdp.view_with_units(model, mixed) =>
-                    {
-                        // A recomputed block keeps its unit's shards, not the gathered
-                        // parameters, and gathers again in the backward pass.
-                        let units = units.into_iter().map(|u| DerivedParams::<B> {
-                            ids: u.ids,
-                            sources: u.sources,
-                            build: u.build,
-                        });
-                        with_derived_params(units.collect(), || forward(&view, input))
+                match (view, mixed) {
+                    // A recomputed block keeps its unit's sources (FSDP: the shards), not the
+                    // built parameters, and builds them again in the backward pass.
+                    (Some(ForwardView { model, derived }), _) => {
+                        with_derived_params(derived, || forward(&model, input))
                     }
-                    (_, Some(half)) => forward(&autocast_view(model, half), input),
-                    (_, None) => forward(model, input),
+                    (None, Some(half)) => forward(&autocast_view(model, half), input),
+                    (None, None) => forward(model, input),
                 }
             });
-        output.cast_floats(DType::F32)
+        Ok(output.cast_floats(DType::F32))
     }
 
     /// Back-propagates one micro-batch's loss and adds its gradients to the pending ones,
@@ -276,9 +252,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             loss = loss.div_scalar(steps as f64);
         }
         let new = GradientsParams::from_grads(loss.backward(), model);
-        if let Some(fsdp) = &self.fsdp {
-            fsdp.check()?;
-        }
+        self.strategy.after_backward()?;
         // A recompute replays the blocks' random draws and so moves the backend RNG: re-seed
         // so the next micro-batch draws the same with or without checkpointing.
         B::seed(
@@ -363,7 +337,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 "a finite number > 0",
             ));
         }
-        self.all_reduce_pending(model)?;
+        self.reduce_pending(model)?;
         let Some(summary) = self.unscale_pending(model, true)? else {
             return Err(AccelerateError::Usage(
                 "clip_grad_norm() called with no pending gradients: call backward() first".into(),
@@ -403,7 +377,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             return Ok(model);
         }
         let want_norm = self.config.max_grad_norm.is_some();
-        self.all_reduce_pending(&model)?;
+        self.reduce_pending(&model)?;
         let summary = self.unscale_pending(&model, want_norm)?;
         let mut grads = self.pending.take().unwrap_or_default();
         if let (Some(scaler), Some(s)) = (&mut self.scaler, summary)
@@ -423,13 +397,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if summary.is_some_and(|s| !s.is_finite()) {
             tracing::warn!("non-finite gradients without loss scaling; stepping anyway");
         }
-        self.keep_owned_gradients(&model, &mut grads);
+        self.strategy.before_optimizer_step(&model, &mut grads);
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
-        let model = self.share_owned_params(model)?;
-        if let Some(fsdp) = &self.fsdp {
-            fsdp.after_step(&model)?;
-        }
+        let model = self.strategy.after_optimizer_step(model)?;
         if let Some(scaler) = &mut self.scaler {
             scaler.update(false);
         }

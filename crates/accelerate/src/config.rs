@@ -1,12 +1,13 @@
 //! The Accelerator's settings, as data (serde) with documented defaults.
 
 use afterburner_checkpoint::CheckpointPolicy;
-use afterburner_parallel::{AutoWrapPolicy, ShardingStrategy};
+use afterburner_parallel::FsdpConfig;
 use afterburner_precision::{GradScalerConfig, Precision};
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_with::{DeserializeFromStr, SerializeDisplay};
 
 use crate::AccelerateError;
 
@@ -34,31 +35,22 @@ pub struct AcceleratorConfig {
     /// How training is spread over devices: "single-device" (default), "ddp" (one replica
     /// per device, gradients averaged each optimizer step), "zero-1" (ddp with the optimizer
     /// state split across ranks) or "fsdp" (parameters, gradients and optimizer state split,
-    /// see the `fsdp_*` fields); the multi-device ones run through
+    /// see the `fsdp` table); the multi-device ones run through
     /// [`Accelerator::launch`](crate::Accelerator::launch).
     pub strategy: Strategy,
     /// Devices (worker threads) [`Accelerator::run`](crate::Accelerator::run) starts, like
     /// Lightning's `devices=N`: the first N devices of the backend's default kind; on the CPU
     /// the workers share it. Default 1. More than 1 needs a multi-device `strategy`.
     pub devices: usize,
-    /// Under `strategy = "fsdp"`: "full" (default; ZeRO-3, `FULL_SHARD`), "grad-op" (ZeRO-2,
-    /// `SHARD_GRAD_OP`: parameters stay replicated) or "none" (`NO_SHARD`: plain DDP).
-    pub fsdp_sharding_strategy: ShardingStrategy,
-    /// Under `strategy = "fsdp"`: which modules are units, each gathered with one collective:
-    /// "none" (default: the whole model is one unit), module type names separated by commas
-    /// (e.g. "TransformerEncoderLayer"), or `"size:<min parameters>"`.
-    pub fsdp_auto_wrap_policy: AutoWrapPolicy,
-    /// Under `strategy = "fsdp"`, what `save_state` writes: "sharded" (default; one state
-    /// directory per rank, loads at the same world size) or "full" (parameters and optimizer
-    /// state gathered, written by rank 0 as an ordinary state: loads at any world size and
-    /// without FSDP). Accelerate's `SHARDED_STATE_DICT` / `FULL_STATE_DICT` are accepted.
-    pub fsdp_state_dict_type: StateDictType,
+    /// Options of `strategy = "fsdp"`, the `[fsdp]` table (Accelerate's `fsdp_config`):
+    /// `sharding_strategy`, `auto_wrap_policy`, `state_dict_type` (see [`FsdpConfig`]).
+    pub fsdp: FsdpConfig,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
 }
 
 /// How training is spread over devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
 pub enum Strategy {
     /// One device, no collectives.
     #[default]
@@ -110,63 +102,6 @@ impl FromStr for Strategy {
     }
 }
 
-/// What an FSDP `save_state` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StateDictType {
-    /// Every rank writes its own shards (`dir/rank-<r>-of-<n>`).
-    #[default]
-    Sharded,
-    /// Rank 0 writes the gathered parameters and optimizer state as one ordinary state.
-    Full,
-}
-
-impl fmt::Display for StateDictType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Sharded => "sharded",
-            Self::Full => "full",
-        })
-    }
-}
-
-impl FromStr for StateDictType {
-    type Err = AccelerateError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "sharded" | "sharded_state_dict" => Ok(Self::Sharded),
-            "full" | "full_state_dict" => Ok(Self::Full),
-            _ => Err(AccelerateError::invalid(
-                "fsdp_state_dict_type",
-                s,
-                "sharded (SHARDED_STATE_DICT) or full (FULL_STATE_DICT)",
-            )),
-        }
-    }
-}
-
-/// Serialises a `Display` + `FromStr` setting as its string.
-macro_rules! serde_as_string {
-    ($ty:ty) => {
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_str(self)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $ty {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                String::deserialize(deserializer)?
-                    .parse()
-                    .map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
-serde_as_string!(Strategy);
-serde_as_string!(StateDictType);
-
 impl Default for AcceleratorConfig {
     fn default() -> Self {
         Self {
@@ -178,9 +113,7 @@ impl Default for AcceleratorConfig {
             gradient_checkpointing: CheckpointPolicy::None,
             strategy: Strategy::SingleDevice,
             devices: 1,
-            fsdp_sharding_strategy: ShardingStrategy::Full,
-            fsdp_auto_wrap_policy: AutoWrapPolicy::None,
-            fsdp_state_dict_type: StateDictType::Sharded,
+            fsdp: FsdpConfig::default(),
             collective_timeout_s: 300.0,
         }
     }

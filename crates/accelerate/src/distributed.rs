@@ -1,15 +1,16 @@
 //! The multi-device side of the [`Accelerator`]: starting ranks, rank queries, evaluation
 //! across ranks, and the gradient and parameter exchanges `step` asks for.
 
-use afterburner_parallel::{Ddp, Fsdp, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp};
+use afterburner_parallel::{
+    Fsdp, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, TrainingStrategy,
+};
 use afterburner_precision::grads::GradSummary;
 use burn::module::AutodiffModule;
-use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
 
 use crate::data::{Batcher, DataLoader};
-use crate::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use crate::{AccelerateError, Accelerator, AcceleratorConfig};
 
 /// The process group of a distributed Accelerator, on the training backend's inner backend.
 pub type Group<B> = Box<dyn ProcessGroup<<B as AutodiffBackend>::InnerBackend>>;
@@ -108,12 +109,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// This process's rank (0 on a single device).
     pub fn rank(&self) -> usize {
-        self.ddp.as_ref().map_or(0, |d| d.group().rank())
+        self.strategy.rank()
     }
 
     /// The number of ranks (1 on a single device).
     pub fn world_size(&self) -> usize {
-        self.ddp.as_ref().map_or(1, |d| d.group().world_size())
+        self.strategy.world_size()
     }
 
     /// True on rank 0, the rank that logs and writes files.
@@ -123,12 +124,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).
     pub fn optimizer_sharding(&self) -> Option<&OptimizerSharding> {
-        self.sharding.as_ref()
+        self.strategy.optimizer_sharding()
     }
 
     /// Gradient all-reduces so far (one per optimizer step under DDP; 0 on a single device).
     pub fn gradient_all_reduces(&self) -> u64 {
-        self.ddp.as_ref().map_or(0, Ddp::all_reduce_count)
+        self.strategy.gradient_all_reduces()
     }
 
     /// An evaluation loader: in order, not tracked for accumulation, and under DDP this rank's
@@ -156,12 +157,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
         values: Tensor<B, 1>,
         dataset_len: usize,
     ) -> Result<Tensor<B, 1>, AccelerateError> {
-        let Some(ddp) = &self.ddp else {
+        let Some(group) = self.strategy.group() else {
             let [len] = values.dims();
             return Ok(values.narrow(0, 0, len.min(dataset_len)));
         };
-        let world = ddp.group().world_size();
-        let parts = ddp.group().all_gather(values.inner())?;
+        let world = group.world_size();
+        let parts = group.all_gather(values.inner())?;
         let per_rank = dataset_len.div_ceil(world);
         for (rank, part) in parts.iter().enumerate() {
             let [len] = part.dims();
@@ -190,55 +191,45 @@ impl<B: AutodiffBackend> Accelerator<B> {
         values: Tensor<B, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, AccelerateError> {
-        match &self.ddp {
-            Some(ddp) => Ok(Tensor::from_inner(
-                ddp.group().all_reduce(values.inner(), op)?,
-            )),
+        match self.strategy.group() {
+            Some(group) => Ok(Tensor::from_inner(group.all_reduce(values.inner(), op)?)),
             None => Ok(values),
         }
     }
 
     /// Waits until every rank gets here (a no-op on a single device).
     pub fn barrier(&self) -> Result<(), AccelerateError> {
-        match &self.ddp {
-            Some(ddp) => Ok(ddp.group().barrier(&self.device)?),
+        match self.strategy.group() {
+            Some(group) => Ok(group.barrier(&self.device)?),
             None => Ok(()),
         }
     }
 
-    /// Under DDP, averages the pending gradients across ranks, once per cycle (before any
-    /// unscaling or clipping, so every rank sees the same gradients and takes the same step).
-    pub(crate) fn all_reduce_pending<M: AutodiffModule<B>>(
+    /// Lets the strategy reduce the pending gradients across ranks, once per cycle (before
+    /// any unscaling or clipping, so every rank sees the same gradients).
+    pub(crate) fn reduce_pending<M: AutodiffModule<B>>(
         &mut self,
         model: &M,
     ) -> Result<(), AccelerateError> {
         if self.synced {
             return Ok(());
         }
-        if self.fsdp.is_some() {
-            // Each backward pass already reduce-scattered its gradients to the shards.
-            self.synced = true;
-            return Ok(());
-        }
-        if let (Some(ddp), Some(grads)) = (self.ddp.as_mut(), self.pending.as_mut()) {
-            ddp.sync_gradients(model, grads)?;
+        if let Some(grads) = self.pending.as_mut() {
+            self.strategy.reduce_gradients(model, grads)?;
         }
         self.synced = true;
         Ok(())
     }
 
-    /// Under FSDP each rank's gradients are a disjoint shard: the global squared norm is the
-    /// sum of the ranks' (one small all-reduce); elsewhere `summary` is already global.
+    /// The summary of the whole model's gradients from this rank's (the strategy sums the
+    /// squared norms when ranks hold different parts).
     pub(crate) fn summary_over_ranks(
         &self,
         summary: GradSummary,
     ) -> Result<GradSummary, AccelerateError> {
-        let (Some(_), Some(ddp)) = (&self.fsdp, &self.ddp) else {
-            return Ok(summary);
-        };
-        let mine = Tensor::<B, 1>::from_floats([summary.squared_norm as f32], &self.device);
-        let total = ddp.group().all_reduce(mine.inner(), ReduceOp::Sum)?;
-        let squared_norm = total.into_scalar().elem::<f64>();
+        let squared_norm = self
+            .strategy
+            .global_squared_norm(summary.squared_norm, &self.device)?;
         Ok(GradSummary {
             squared_norm,
             tensors: summary.tensors,
@@ -250,41 +241,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// `get_state_dict` / FSDP's full state dict; otherwise a clone. For export, or evaluation
     /// outside [`forward`](Self::forward).
     pub fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, AccelerateError> {
-        match &self.fsdp {
-            Some(fsdp) => Ok(fsdp.full_model(model)?),
-            None => Ok(model.clone()),
-        }
+        Ok(self.strategy.full_model(model)?)
     }
 
     /// The FSDP state under `strategy = "fsdp"`: units, shard sizes, collective counts.
     pub fn fsdp(&self) -> Option<&Fsdp<B, Group<B>>> {
-        self.fsdp.as_ref()
-    }
-
-    /// Under `strategy = "zero-1"`, drops the gradients of parameters other ranks own, so the
-    /// optimizer steps (and keeps state for) this rank's parameters only.
-    pub(crate) fn keep_owned_gradients<M: AutodiffModule<B>>(
-        &mut self,
-        model: &M,
-        grads: &mut GradientsParams,
-    ) {
-        if self.config.strategy != Strategy::Zero1 {
-            return;
-        }
-        let (rank, world) = (self.rank(), self.world_size());
-        self.sharding
-            .get_or_insert_with(|| OptimizerSharding::new(model, rank, world))
-            .keep_owned(model, grads);
-    }
-
-    /// Under `strategy = "zero-1"`, gives every rank the owners' new parameter values.
-    pub(crate) fn share_owned_params<M: AutodiffModule<B>>(
-        &self,
-        model: M,
-    ) -> Result<M, AccelerateError> {
-        match (&self.sharding, &self.ddp) {
-            (Some(sharding), Some(ddp)) => Ok(sharding.share_params(ddp.group(), model)?),
-            _ => Ok(model),
-        }
+        self.strategy.fsdp()
     }
 }

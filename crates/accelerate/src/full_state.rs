@@ -1,37 +1,24 @@
-//! FSDP's full state (`fsdp_state_dict_type = "full"`): parameters and optimizer state gathered
-//! from every rank and written by rank 0 as an ordinary state directory, which loads into a
-//! single-device or DDP run as is, and into an FSDP run at any world size (sharded again).
+//! Gathered full states (a strategy whose layout is `StateLayout::Gathered`, e.g. FSDP with
+//! `fsdp.state_dict_type = "full"`): parameters and optimizer state gathered from every rank and
+//! written by rank 0 as an ordinary state directory, which loads into a single-device or DDP run
+//! as is, and back into such a strategy at any world size (sharded again). The strategy does the
+//! gathering and sharding; this file does the files and the ranks' agreement.
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use afterburner_parallel::Fsdp;
+use afterburner_parallel::TrainingStrategy;
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::distributed::Group;
-use crate::record_tensors::{check_param_ids, map_state_tensors};
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
-
-/// Each parameter's layout index by its serialized `ParamId` (how records name parameters).
-fn indices_by_id<B: AutodiffBackend, M: AutodiffModule<B>>(
-    fsdp: &Fsdp<B, Group<B>>,
-    model: &M,
-) -> HashMap<String, usize> {
-    fsdp.param_indices(model)
-        .into_iter()
-        .map(|(id, index)| (id.serialize(), index))
-        .collect()
-}
 
 impl<B: AutodiffBackend> Accelerator<B> {
     /// Every rank gathers; rank 0 writes; every rank learns whether it worked.
     pub(crate) fn save_full_state<M, O, S>(
         &self,
-        fsdp: &Fsdp<B, Group<B>>,
         dir: &Path,
         model: &M,
         optimizer: &O,
@@ -42,20 +29,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        let ids = indices_by_id(fsdp, model);
         // Everything that can fail on one rank alone, before any collective.
         let prepared = (|| {
             self.check_save_target(dir)?;
-            let sharded = encode::<B, _>(optimizer.to_record())?;
-            check_param_ids(&sharded, &ids)?;
-            Ok(sharded)
+            encode::<B, _>(optimizer.to_record())
         })();
         self.all_ranks_succeeded(&prepared, "save_state")?;
         let sharded = prepared?;
-        let full = fsdp.full_model(model)?;
-        let gathered = map_state_tensors(&sharded, &ids, |index, values| {
-            Ok(fsdp.gather_values(index, values, &self.device)?)
-        });
+        let full = self.strategy.full_model(model)?;
+        let gathered = self
+            .strategy
+            .gather_optimizer_record(model, sharded, &self.device);
         let written = match gathered {
             Ok(optimizer) if self.is_main_process() => (|| {
                 let model = encode::<B, _>(full.into_record())?;
@@ -63,13 +47,13 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 self.write_encoded(dir, model, optimizer, scheduler)
             })(),
             Ok(_) => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         };
         self.all_ranks_succeeded(&written, "save_state")?;
         written
     }
 
-    /// Loads a full state into the sharded `model`: each rank keeps its shard of every
+    /// Loads a full state into the strategy's `model`: each rank keeps its part of every
     /// parameter and optimizer state tensor, whatever world size saved it.
     pub(crate) fn load_full_state<M, O, S>(
         &mut self,
@@ -83,24 +67,19 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        let Some(fsdp) = &self.fsdp else {
-            unreachable!("load_full_state is only called under fsdp");
-        };
-        // A full-shaped model to load the record into (every rank: one gather per unit).
-        let template = fsdp.full_model(&model)?;
+        // A full-shaped model to load the record into (every rank: a collective).
+        let template = self.strategy.full_model(&model)?;
         let decoded = self.decode_with::<M, O, S>(dir, |model_bytes, optimizer| {
-            // The record's parameter ids, in the model's visit order.
+            // The record's parameter ids, on the full model.
             let record = decode_record::<B, M::Record>(model_bytes.to_vec(), &self.device, dir)?;
-            let ids = indices_by_id(fsdp, &template.clone().load_record(record));
-            map_state_tensors(&optimizer, &ids, |index, values| {
-                Ok(fsdp.shard_values(index, values)?)
-            })
+            let loaded = template.clone().load_record(record);
+            Ok(self.strategy.shard_optimizer_record(&loaded, optimizer)?)
         });
         self.all_ranks_succeeded(&decoded, "load_state")?;
         let ((full, optimizer, scheduler), restored) =
             self.load_records(decoded?, template, optimizer, scheduler);
-        let model = fsdp.shard(full)?;
-        fsdp.after_step(&model)?;
+        let model = self.strategy.shard_full_state(full)?;
+        self.strategy.after_load(&model)?;
         self.restore(restored);
         Ok((model, optimizer, scheduler))
     }

@@ -27,19 +27,22 @@ mod error;
 mod full_state;
 pub mod models;
 mod outcome;
-mod record_tensors;
 pub mod rng;
 mod sharded_state;
 mod state;
 mod state_files;
+mod strategy;
 
 pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;
 pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
 pub use afterburner_parallel as parallel;
-pub use afterburner_parallel::{AutoWrapPolicy, ShardingStrategy};
+pub use afterburner_parallel::{
+    AutoWrapPolicy, FsdpConfig, ShardingStrategy, StateDictType, TrainingStrategy,
+};
 pub use afterburner_precision as precision;
 pub use afterburner_precision::Precision;
-pub use config::{AcceleratorConfig, StateDictType, Strategy};
+pub use config::{AcceleratorConfig, Strategy};
 pub use distributed::Group;
 pub use error::AccelerateError;
+pub use strategy::AnyStrategy;

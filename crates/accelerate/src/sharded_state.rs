@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::{ProcessGroup, ReduceOp};
+use afterburner_parallel::{ReduceOp, TrainingStrategy};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -74,16 +74,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
         }
         let ((model, optimizer, scheduler), saved) =
             self.load_records(decoded, model, optimizer, scheduler);
-        if let Some(fsdp) = &self.fsdp {
-            fsdp.after_step(&model)?;
-        }
+        self.strategy.after_load(&model)?;
         self.restore(saved);
         Ok((model, optimizer, scheduler))
-    }
-
-    /// Whether every rank holds a different part of the state (`zero-1`, sharded `fsdp`).
-    pub(crate) fn is_sharded(&self) -> bool {
-        self.fsdp.is_some() || self.config.strategy == crate::Strategy::Zero1
     }
 
     fn rank_dir(&self, dir: &Path) -> PathBuf {
@@ -148,12 +141,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// true on one device): each rank checks that the sum over ranks is `world` times its own
     /// values, and the ranks then agree on the verdict.
     pub(crate) fn same_on_every_rank(&self, values: &[f64]) -> Result<bool, AccelerateError> {
-        let Some(ddp) = &self.ddp else {
+        let Some(group) = self.strategy.group() else {
             return Ok(true);
         };
         let mine: Vec<f32> = values.iter().map(|v| *v as f32).collect();
         let tensor = Tensor::<B::InnerBackend, 1>::from_floats(mine.as_slice(), &self.device);
-        let sums = ddp.group().all_reduce(tensor, ReduceOp::Sum)?;
+        let sums = group.all_reduce(tensor, ReduceOp::Sum)?;
         let sums = sums.into_data().to_vec::<f32>().unwrap_or_default();
         let world = self.world_size() as f32;
         let agree = sums.len() == mine.len()
@@ -166,12 +159,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// How many ranks pass `yes` (one small all-reduce; this rank's vote on one device).
     fn ranks_voting_yes(&self, yes: bool) -> Result<usize, AccelerateError> {
-        let Some(ddp) = &self.ddp else {
+        let Some(group) = self.strategy.group() else {
             return Ok(usize::from(yes));
         };
         let vote =
             Tensor::<B::InnerBackend, 1>::from_floats([f32::from(u8::from(yes))], &self.device);
-        let votes = ddp.group().all_reduce(vote, ReduceOp::Sum)?.into_scalar();
+        let votes = group.all_reduce(vote, ReduceOp::Sum)?.into_scalar();
         Ok(votes.elem::<f32>().round() as usize)
     }
 }

@@ -14,6 +14,7 @@
 
 use std::path::Path;
 
+use afterburner_parallel::{StateLayout, TrainingStrategy};
 use afterburner_precision::{GradScalerState, Precision};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
 use crate::state_files::{MANIFEST, read_verified, write_atomically};
-use crate::{AccelerateError, Accelerator, StateDictType};
+use crate::{AccelerateError, Accelerator};
 
 const MODEL: &str = "model.mpk";
 const OPTIMIZER: &str = "optimizer.mpk";
@@ -67,19 +68,20 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        if let (Some(fsdp), StateDictType::Full) = (&self.fsdp, self.config.fsdp_state_dict_type) {
-            return self.save_full_state(fsdp, dir.as_ref(), model, optimizer, scheduler);
+        let dir = dir.as_ref();
+        match self.strategy.state_layout() {
+            StateLayout::Gathered => self.save_full_state(dir, model, optimizer, scheduler),
+            StateLayout::PerRank => self.save_sharded_state(dir, model, optimizer, scheduler),
+            StateLayout::Replicated => {
+                let written = if self.is_main_process() {
+                    self.write_state(dir, model, optimizer, scheduler)
+                } else {
+                    Ok(())
+                };
+                self.barrier()?;
+                written
+            }
         }
-        if self.is_sharded() {
-            return self.save_sharded_state(dir.as_ref(), model, optimizer, scheduler);
-        }
-        let written = if self.is_main_process() {
-            self.write_state(dir.as_ref(), model, optimizer, scheduler)
-        } else {
-            Ok(())
-        };
-        self.barrier()?;
-        written
     }
 
     pub(crate) fn write_state<M, O, S>(
@@ -170,25 +172,26 @@ impl<B: AutodiffBackend> Accelerator<B> {
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
-        let full = dir.as_ref().join(MANIFEST).is_file();
-        if self.fsdp.is_some() {
+        let dir = dir.as_ref();
+        if self.strategy.state_layout() == StateLayout::Replicated {
+            let decoded = self.decode(dir)?;
+            return Ok(self.apply(decoded, model, optimizer, scheduler));
+        }
+        if self.strategy.loads_full_state() {
+            let full = dir.join(MANIFEST).is_file();
             // Every rank must take the same path (each runs collectives).
             if !self.same_on_every_rank(&[f64::from(u8::from(full))])? {
                 return Err(AccelerateError::Usage(format!(
                     "load_state: the ranks do not see the same state at {} (a full state on \
                      some, a sharded one on others)",
-                    dir.as_ref().display()
+                    dir.display()
                 )));
             }
             if full {
-                return self.load_full_state(dir.as_ref(), model, optimizer, scheduler);
+                return self.load_full_state(dir, model, optimizer, scheduler);
             }
         }
-        if !self.is_sharded() {
-            let decoded = self.decode(dir.as_ref())?;
-            return Ok(self.apply(decoded, model, optimizer, scheduler));
-        }
-        self.load_sharded_state(dir.as_ref(), model, optimizer, scheduler)
+        self.load_sharded_state(dir, model, optimizer, scheduler)
     }
 
     /// Reads and decodes a state directory without changing anything.

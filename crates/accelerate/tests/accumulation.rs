@@ -31,7 +31,9 @@ fn train(micro: usize, steps: usize, n_items: usize) -> (Vec<f32>, Vec<f32>, u64
     let items = digits::load().unwrap()[..n_items].to_vec();
     let loader = acc.dataloader(items, BATCHER, micro).unwrap();
     for (i, batch) in loader.epoch(0).enumerate() {
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc
+            .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+            .unwrap();
         acc.backward(cross_entropy(logits, &batch), &model).unwrap();
         let will_step = acc.sync_gradients();
         model = acc.step(model, &mut optim, &mut 0.5).unwrap();

@@ -33,7 +33,9 @@ fn train_vit(precision: Precision, policy: CheckpointPolicy) -> Vec<f32> {
     let items = digits::load().unwrap()[..96].to_vec();
     let loader = acc.dataloader(items, batcher, 16).unwrap();
     for batch in loader.epoch(0) {
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc
+            .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+            .unwrap();
         acc.backward(cross_entropy(logits, &batch), &model).unwrap();
         model = acc.step(model, &mut optim, &mut 1e-3).unwrap();
     }
@@ -69,7 +71,9 @@ fn train_vit_other_seed(precision: Precision) -> Vec<f32> {
     let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init()).unwrap();
     let batch = digits_batch(0, 16);
     for _ in 0..6 {
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc
+            .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+            .unwrap();
         acc.backward(cross_entropy(logits, &batch), &model).unwrap();
         model = acc.step(model, &mut optim, &mut 1e-3).unwrap();
     }
@@ -97,7 +101,9 @@ fn transformer_gradients_match_under_every_policy() {
         let model = acc.setup_model(model).unwrap();
         let tokens: Tensor<B, 2, Int> =
             Tensor::<B, 2>::random([3, 6], Distribution::Uniform(0.0, 13.0), &device).int();
-        let logits = acc.forward(&model, (), |m, ()| m.forward(tokens.clone()));
+        let logits = acc
+            .forward(&model, (), |m, ()| m.forward(tokens.clone()))
+            .unwrap();
         let loss = CrossEntropyLossConfig::new()
             .init(&device)
             .forward(logits.reshape([18, 13]), tokens.reshape([18]));

@@ -141,7 +141,7 @@ fn train_adamw(strategy: Strategy, world: usize) -> Vec<(Vec<f32>, usize, Option
         let items = digits::load()?[..96].to_vec();
         let loader = acc.dataloader(items, BATCHER, 8)?;
         for batch in loader.epoch(0) {
-            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
             acc.backward(cross_entropy(logits, &batch), &model)?;
             model = acc.step(model, &mut optim, &mut 1e-3)?;
         }

@@ -7,8 +7,8 @@ mod common;
 use afterburner::data::digits;
 use afterburner::models::Vit;
 use afterburner::{
-    AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, Precision,
-    ShardingStrategy, StateDictType, Strategy,
+    AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, FsdpConfig,
+    Precision, ShardingStrategy, StateDictType, Strategy,
 };
 use burn::module::Module;
 use burn::optim::AdamWConfig;
@@ -19,7 +19,10 @@ fn config(strategy: Strategy) -> AcceleratorConfig {
         strategy,
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(0.5),
-        fsdp_auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+        fsdp: FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -36,7 +39,7 @@ fn train(config: AcceleratorConfig, world: usize) -> Vec<Report> {
         let items = digits::load()?[..96].to_vec();
         let loader = acc.dataloader(items, BATCHER, 8)?;
         for batch in loader.epoch(0) {
-            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
             acc.backward(cross_entropy(logits, &batch), &model)?;
             model = acc.step(model, &mut optim, &mut 1e-3)?;
         }
@@ -120,8 +123,11 @@ fn grad_op_bf16_and_checkpointing_compose() {
     );
     let grad_op = train(
         AcceleratorConfig {
-            fsdp_sharding_strategy: ShardingStrategy::GradOp,
-            fsdp_auto_wrap_policy: AutoWrapPolicy::Size(5000),
+            fsdp: FsdpConfig {
+                sharding_strategy: ShardingStrategy::GradOp,
+                auto_wrap_policy: AutoWrapPolicy::Size(5000),
+                ..Default::default()
+            },
             ..mixed(Strategy::Fsdp)
         },
         2,
@@ -149,7 +155,7 @@ fn a_rank_failing_mid_step_stops_every_rank() {
             let model = acc.setup_model(initial.clone())?;
             let items = digits::load()?[..16].to_vec();
             let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
-            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
             if acc.rank() == 1 {
                 // Dies between its forward and backward: rank 0 waits in a reduce-scatter.
                 return Err(AccelerateError::Usage("rank 1 gave up".into()));
@@ -169,29 +175,45 @@ fn a_rank_failing_mid_step_stops_every_rank() {
 
 #[test]
 fn fsdp_settings_parse_and_name_typos() {
+    // Accelerate's `fsdp_config` section as a nested table.
     let c: AcceleratorConfig = serde_json::from_str(
-        r#"{"strategy": "fsdp", "fsdp_sharding_strategy": "SHARD_GRAD_OP",
-            "fsdp_auto_wrap_policy": "size:1000"}"#,
+        r#"{"strategy": "fsdp", "fsdp": {"sharding_strategy": "SHARD_GRAD_OP",
+            "auto_wrap_policy": "size:1000"}}"#,
     )
     .unwrap();
     assert_eq!(c.strategy, Strategy::Fsdp);
-    assert_eq!(c.fsdp_sharding_strategy, ShardingStrategy::GradOp);
-    assert_eq!(c.fsdp_auto_wrap_policy, AutoWrapPolicy::Size(1000));
-    assert_eq!(c.fsdp_state_dict_type, StateDictType::Sharded);
+    assert_eq!(c.fsdp.sharding_strategy, ShardingStrategy::GradOp);
+    assert_eq!(c.fsdp.auto_wrap_policy, AutoWrapPolicy::Size(1000));
+    assert_eq!(c.fsdp.state_dict_type, StateDictType::Sharded);
     let c: AcceleratorConfig =
-        serde_json::from_str(r#"{"fsdp_state_dict_type": "FULL_STATE_DICT"}"#).unwrap();
-    assert_eq!(c.fsdp_state_dict_type, StateDictType::Full);
-    let err = serde_json::from_str::<AcceleratorConfig>(r#"{"fsdp_state_dict_type": "half"}"#)
-        .unwrap_err()
-        .to_string();
+        serde_json::from_str(r#"{"fsdp": {"state_dict_type": "FULL_STATE_DICT"}}"#).unwrap();
+    assert_eq!(c.fsdp.state_dict_type, StateDictType::Full);
+    // Errors name the full key and the allowed values.
+    let parse_err = |json: &str| {
+        serde_json::from_str::<AcceleratorConfig>(json)
+            .unwrap_err()
+            .to_string()
+    };
+    let err = parse_err(r#"{"fsdp": {"state_dict_type": "half"}}"#);
     assert!(
-        err.contains("half") && err.contains("FULL_STATE_DICT"),
+        err.contains("fsdp.state_dict_type")
+            && err.contains("half")
+            && err.contains("FULL_STATE_DICT"),
         "{err}"
     );
-    let err = serde_json::from_str::<AcceleratorConfig>(r#"{"fsdp_sharding_strategy": "half"}"#)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("half") && err.contains("grad-op"), "{err}");
+    let err = parse_err(r#"{"fsdp": {"sharding_strategy": "half"}}"#);
+    assert!(
+        err.contains("fsdp.sharding_strategy") && err.contains("grad-op"),
+        "{err}"
+    );
+    let err = parse_err(r#"{"fsdp": {"auto_wrap_policy": "size:0"}}"#);
+    assert!(err.contains("fsdp.auto_wrap_policy"), "{err}");
+    // Unknown keys inside the table are errors, naming the key.
+    let err = parse_err(r#"{"fsdp": {"sharding": "full"}}"#);
+    assert!(
+        err.contains("sharding") && err.contains("sharding_strategy"),
+        "{err}"
+    );
 }
 
 /// Trains `epochs` of 48 digits (3 optimizer steps each).
@@ -205,7 +227,7 @@ fn epochs<O: burn::optim::Optimizer<Vit<B>, B>>(
     let loader = acc.dataloader(items, BATCHER, 8)?;
     for epoch in range {
         for batch in loader.epoch(epoch) {
-            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
             acc.backward(cross_entropy(logits, &batch), &model)?;
             model = acc.step(model, optim, &mut 1e-3)?;
         }
@@ -314,7 +336,7 @@ fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
     let errors = Accelerator::<B>::launch(
         config(Strategy::Fsdp),
         vec![Default::default(); 2],
-        move |mut acc| {
+        move |acc| {
             let _sharded = acc.setup_model(initial.clone())?;
             let items = digits::load()?[..16].to_vec();
             let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
@@ -322,10 +344,10 @@ fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
             // own leaves (Burn 0.21's autodiff graph can deadlock when two threads record ops
             // on the same tracked tensors).
             let full = initial.clone().fork(acc.device());
-            let logits = acc.forward(&full, batch.images.clone(), |m, x| m.forward(x));
+            // The error comes from `forward` itself, before anything runs.
             let err = acc
-                .backward(cross_entropy(logits, &batch), &full)
-                .unwrap_err();
+                .forward(&full, batch.images.clone(), |m, x| m.forward(x))
+                .expect_err("forward on a model FSDP did not shard must fail");
             Ok(err.to_string())
         },
     )
@@ -383,7 +405,10 @@ fn a_full_state_resumes_at_any_world_size_and_without_fsdp() {
     let dir = std::env::temp_dir().join(format!("afterburner-full-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let full = AcceleratorConfig {
-        fsdp_state_dict_type: StateDictType::Full,
+        fsdp: FsdpConfig {
+            state_dict_type: StateDictType::Full,
+            ..config(Strategy::Fsdp).fsdp
+        },
         ..config(Strategy::Fsdp)
     };
     let straight = phase(full.clone(), 2, 8, None, None, 0..2);

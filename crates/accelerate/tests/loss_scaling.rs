@@ -51,7 +51,9 @@ fn overflow_skips_step_and_scheduler_and_halves_scale() {
 
     // A loss so large that loss * scale overflows f16 in the backward pass.
     let before = flatten(&params(&model));
-    let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+    let logits = acc
+        .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+        .unwrap();
     let huge = cross_entropy(logits, &batch).mul_scalar(1e30);
     acc.backward(huge, &model).unwrap();
     model = acc.step(model, &mut optim, &mut lr).unwrap();
@@ -73,7 +75,9 @@ fn overflow_skips_step_and_scheduler_and_halves_scale() {
     );
 
     // A normal step afterwards works and is finite.
-    let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+    let logits = acc
+        .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+        .unwrap();
     acc.backward(cross_entropy(logits, &batch), &model).unwrap();
     model = acc.step(model, &mut optim, &mut lr).unwrap();
     assert!(matches!(acc.last_step(), StepOutcome::Stepped { .. }));
@@ -90,7 +94,9 @@ fn scale_grows_after_the_interval() {
     let (mut model, mut optim) = acc.setup(vit(2), AdamConfig::new().init()).unwrap();
     let batch = digits_batch(0, 8);
     for step in 1..=3 {
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc
+            .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+            .unwrap();
         acc.backward(cross_entropy(logits, &batch), &model).unwrap();
         model = acc.step(model, &mut optim, &mut 1e-3).unwrap();
         let expected = if step < 3 { 65536.0 } else { 131072.0 };

@@ -24,7 +24,9 @@ fn vit_grads(precision: &str) -> (Vec<Vec<f32>>, afterburner::models::Vit<B>) {
     let acc = accelerator(precision);
     let model = acc.setup_model(vit(7)).unwrap();
     let batch = digits_batch(0, 32);
-    let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+    let logits = acc
+        .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+        .unwrap();
     assert_eq!(logits.dtype(), DType::F32, "outputs come back in f32");
     let loss = cross_entropy(logits, &batch);
     let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -87,7 +89,9 @@ fn repeated_passes_each_reach_the_master() {
     let batch = digits_batch(0, 8);
     let mut runs = Vec::new();
     for _ in 0..3 {
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc
+            .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+            .unwrap();
         let grads = GradientsParams::from_grads(cross_entropy(logits, &batch).backward(), &model);
         runs.push(grads_of(&model, &grads));
     }
@@ -144,7 +148,9 @@ fn embedding_and_attention_models_train_in_bf16() {
     let grads_under = |precision: &str| {
         let acc = accelerator(precision);
         let model = acc.setup_model(model.clone()).unwrap();
-        let out = acc.forward(&model, tokens.clone(), |m, t| m.forward(t));
+        let out = acc
+            .forward(&model, tokens.clone(), |m, t| m.forward(t))
+            .unwrap();
         let loss = (out - target.clone()).powi_scalar(2).mean();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         grads_of(&model, &grads).concat()
@@ -174,9 +180,11 @@ fn transformer_encoder_output_error_in_half() {
         .unwrap();
     for (precision, bound) in [("bf16-mixed", 3e-2), ("16-mixed", 5e-3)] {
         let acc = accelerator(precision);
-        let out = acc.forward(&encoder, x.clone(), |m, x| {
-            m.forward(TransformerEncoderInput::new(x))
-        });
+        let out = acc
+            .forward(&encoder, x.clone(), |m, x| {
+                m.forward(TransformerEncoderInput::new(x))
+            })
+            .unwrap();
         let err = rel_l2(&out.into_data().to_vec::<f32>().unwrap(), &reference);
         println!("TransformerEncoder output, {precision} vs f32: relative L2 {err:.2e}");
         assert!(err < bound && err > 0.0, "{precision}: {err}");
@@ -192,7 +200,9 @@ fn true_modes_keep_half_parameters_through_a_step() {
         assert!(params(&model).iter().all(|(_, d, _)| *d == dtype));
         let before = flatten(&params(&model));
         let batch = digits_batch(0, 16);
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc
+            .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+            .unwrap();
         acc.backward(cross_entropy(logits, &batch), &model).unwrap();
         model = acc.step(model, &mut optim, &mut 0.1).unwrap();
         let after = params(&model);

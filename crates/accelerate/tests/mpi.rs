@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use afterburner::parallel::run_on_loopback;
-use afterburner::{Accelerator, AcceleratorConfig, CheckpointPolicy, Strategy};
+use afterburner::{Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Strategy};
 use common::*;
 
 const TEST: &str = "two_processes_train_like_one_device_under_ddp_and_fsdp";
@@ -18,7 +18,10 @@ fn config(strategy: Strategy) -> AcceleratorConfig {
         strategy,
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(1.0),
-        fsdp_auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+        fsdp: FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

@@ -63,7 +63,8 @@ fn train_until(run: &mut Run, until: u64) {
         for batch in loader.epoch_from(epoch, start) {
             let logits = run
                 .acc
-                .forward(&run.model, batch.images.clone(), |m, x| m.forward(x));
+                .forward(&run.model, batch.images.clone(), |m, x| m.forward(x))
+                .unwrap();
             run.acc
                 .backward(cross_entropy(logits, &batch), &run.model)
                 .unwrap();

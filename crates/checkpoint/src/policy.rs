@@ -4,7 +4,8 @@ use std::fmt;
 use std::num::NonZeroUsize;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Deserializer};
+use serde_with::SerializeDisplay;
 
 use crate::CheckpointError;
 
@@ -33,7 +34,7 @@ pub enum BlockKind {
 /// assert_eq!(p.to_string(), "every-2");
 /// assert!("every-0".parse::<CheckpointPolicy>().is_err());
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay)]
 pub enum CheckpointPolicy {
     /// Nothing is recomputed: every activation is kept (the default of the Accelerator).
     #[default]
@@ -107,12 +108,6 @@ impl FromStr for CheckpointPolicy {
 impl From<bool> for CheckpointPolicy {
     fn from(on: bool) -> Self {
         if on { Self::All } else { Self::None }
-    }
-}
-
-impl Serialize for CheckpointPolicy {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
     }
 }
 

@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
-use crate::{ParallelError, ProcessGroup, ReduceOp};
+use crate::{ParallelError, ProcessGroup, ReduceOp, TrainingStrategy};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -49,28 +49,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
 
     /// Replaces every float parameter by rank 0's value (ids and `require_grad` kept).
     pub fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
-        let rank = self.group.rank();
-        let mut flat = Flatten::<B>::default();
-        model.visit(&mut flat);
-        let total = flat.total;
-        let sent = if rank == 0 { flat.concat() } else { None };
-        let received = match sent {
-            Some(t) => self.group.broadcast(Some(t), 0)?,
-            None if rank == 0 => return Ok(model), // no float parameters at all
-            None => self.group.broadcast(None, 0)?,
-        };
-        let [len] = received.dims();
-        if len != total {
-            return Err(ParallelError::Mismatch {
-                rank,
-                reason: format!("rank 0 has {len} parameter values, this rank {total}"),
-            });
-        }
-        Ok(model.map(&mut Unflatten::<B> {
-            values: received,
-            offset: 0,
-            backend: PhantomData,
-        }))
+        broadcast_from_rank0(&self.group, model)
     }
 
     /// Averages `grads` (the gradients of `model` on this rank) across ranks, in place.
@@ -112,6 +91,64 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
             offset: 0,
         });
         Ok(())
+    }
+}
+
+/// Replaces every float parameter of `model` by rank 0's value (one broadcast; ids and
+/// `require_grad` kept).
+pub(crate) fn broadcast_from_rank0<B, G, M>(group: &G, model: M) -> Result<M, ParallelError>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + ?Sized,
+    M: AutodiffModule<B>,
+{
+    let rank = group.rank();
+    let mut flat = Flatten::<B>::default();
+    model.visit(&mut flat);
+    let total = flat.total;
+    let sent = if rank == 0 { flat.concat() } else { None };
+    let received = match sent {
+        Some(t) => group.broadcast(Some(t), 0)?,
+        None if rank == 0 => return Ok(model), // no float parameters at all
+        None => group.broadcast(None, 0)?,
+    };
+    let [len] = received.dims();
+    if len != total {
+        return Err(ParallelError::Mismatch {
+            rank,
+            reason: format!("rank 0 has {len} parameter values, this rank {total}"),
+        });
+    }
+    Ok(model.map(&mut Unflatten::<B> {
+        values: received,
+        offset: 0,
+        backend: PhantomData,
+    }))
+}
+
+impl<B, G> TrainingStrategy<B> for Ddp<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>>,
+{
+    fn name(&self) -> &'static str {
+        "ddp"
+    }
+
+    fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
+        Some(&self.group)
+    }
+
+    fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        broadcast_from_rank0(&self.group, model)
+    }
+
+    fn reduce_gradients<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        self.sync_gradients(model, grads)
     }
 }
 

@@ -49,4 +49,8 @@ pub enum ParallelError {
         /// What differs.
         reason: String,
     },
+    /// A saved optimizer record FSDP cannot gather or shard (not Burn's record format, state
+    /// for a parameter the model lacks, a non-float state tensor).
+    #[error("{0}")]
+    Record(String),
 }

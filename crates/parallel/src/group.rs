@@ -40,48 +40,77 @@ pub trait ProcessGroup<B: Backend>: Send {
     ) -> Result<Tensor<B, 1>, ParallelError>;
 
     /// Every rank's `tensor`, in rank order, on every rank (lengths may differ by rank).
+    /// Default: [`all_gather_by_broadcasts`] (engines with a native all-gather override it).
     fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
-        let mut mine = Some(tensor);
-        (0..self.world_size())
-            .map(|root| {
-                let sent = if root == self.rank() {
-                    mine.take()
-                } else {
-                    None
-                };
-                self.broadcast(sent, root)
-            })
-            .collect()
+        all_gather_by_broadcasts(self, tensor)
     }
 
     /// Reduces `tensor` (same length on every rank, a multiple of `world_size`) and returns
-    /// this rank's equal chunk of the result.
+    /// this rank's equal chunk of the result. Default: [`reduce_scatter_by_all_reduce`].
     fn reduce_scatter(
         &self,
         tensor: Tensor<B, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, ParallelError> {
-        let [len] = tensor.dims();
-        let world = self.world_size();
-        if !len.is_multiple_of(world) {
-            return Err(ParallelError::Mismatch {
-                rank: self.rank(),
-                reason: format!("reduce_scatter of {len} values over {world} ranks"),
-            });
-        }
-        let chunk = len / world;
-        let start = self.rank() * chunk;
-        Ok(self.all_reduce(tensor, op)?.narrow(0, start, chunk))
+        reduce_scatter_by_all_reduce(self, tensor, op)
     }
 
-    /// Returns once every rank has called it.
+    /// Returns once every rank has called it. Default: [`barrier_by_all_reduce`].
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
-        self.all_reduce(Tensor::zeros([1], device), ReduceOp::Sum)
-            .map(|_| ())
+        barrier_by_all_reduce(self, device)
     }
 }
 
-/// A boxed group is a group (so code can hold `Box<dyn ProcessGroup<B>>` of any engine).
+/// An all-gather composed of `world_size` broadcasts (for engines without a native one).
+pub fn all_gather_by_broadcasts<B: Backend, G: ProcessGroup<B> + ?Sized>(
+    group: &G,
+    tensor: Tensor<B, 1>,
+) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
+    let mut mine = Some(tensor);
+    (0..group.world_size())
+        .map(|root| {
+            let sent = if root == group.rank() {
+                mine.take()
+            } else {
+                None
+            };
+            group.broadcast(sent, root)
+        })
+        .collect()
+}
+
+/// A reduce-scatter composed of one all-reduce of the whole tensor, each rank keeping its
+/// chunk (twice the bytes of a native one).
+pub fn reduce_scatter_by_all_reduce<B: Backend, G: ProcessGroup<B> + ?Sized>(
+    group: &G,
+    tensor: Tensor<B, 1>,
+    op: ReduceOp,
+) -> Result<Tensor<B, 1>, ParallelError> {
+    let [len] = tensor.dims();
+    let world = group.world_size();
+    if !len.is_multiple_of(world) {
+        return Err(ParallelError::Mismatch {
+            rank: group.rank(),
+            reason: format!("reduce_scatter of {len} values over {world} ranks"),
+        });
+    }
+    let chunk = len / world;
+    let start = group.rank() * chunk;
+    Ok(group.all_reduce(tensor, op)?.narrow(0, start, chunk))
+}
+
+/// A barrier composed of an all-reduce of one value.
+pub fn barrier_by_all_reduce<B: Backend, G: ProcessGroup<B> + ?Sized>(
+    group: &G,
+    device: &B::Device,
+) -> Result<(), ParallelError> {
+    group
+        .all_reduce(Tensor::zeros([1], device), ReduceOp::Sum)
+        .map(|_| ())
+}
+
+/// A boxed group is a group (so code can hold `Box<dyn ProcessGroup<B>>` of any engine); every
+/// call reaches the engine's own implementation.
 impl<B: Backend, G: ProcessGroup<B> + ?Sized> ProcessGroup<B> for Box<G> {
     fn rank(&self) -> usize {
         (**self).rank()
@@ -105,5 +134,21 @@ impl<B: Backend, G: ProcessGroup<B> + ?Sized> ProcessGroup<B> for Box<G> {
         root: usize,
     ) -> Result<Tensor<B, 1>, ParallelError> {
         (**self).broadcast(tensor, root)
+    }
+
+    fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
+        (**self).all_gather(tensor)
+    }
+
+    fn reduce_scatter(
+        &self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        (**self).reduce_scatter(tensor, op)
+    }
+
+    fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
+        (**self).barrier(device)
     }
 }

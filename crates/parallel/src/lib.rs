@@ -26,13 +26,12 @@ mod local;
 mod mpi;
 mod sampler;
 mod shared;
+mod strategy;
 mod zero;
 
 pub use ddp::Ddp;
 pub use error::ParallelError;
-pub use fsdp::{
-    AutoWrapPolicy, BuildUnit, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, UnitSources,
-};
+pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, StateDictType};
 pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch, local_devices};
 pub use local::LocalGroup;
@@ -40,4 +39,5 @@ pub use local::LocalGroup;
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, LoopbackRun, MpiGroup, launch_mpi, run_on_loopback};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
-pub use zero::OptimizerSharding;
+pub use strategy::{ForwardView, SingleDevice, StateLayout, TrainingStrategy};
+pub use zero::{OptimizerSharding, Zero1};

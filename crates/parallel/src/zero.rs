@@ -9,7 +9,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::ddp::{Flatten, Unflatten};
-use crate::{ParallelError, ProcessGroup, ReduceOp};
+use crate::{Ddp, ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -134,5 +134,79 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for DropOthers<'_, B> {
             let _ = self.grads.remove::<Inner<B>, D>(param.id);
         }
         self.index += 1;
+    }
+}
+
+/// ZeRO stage 1 as a [`TrainingStrategy`]: [`Ddp`] (rank 0's parameters at setup, one gradient
+/// all-reduce per optimizer step) where each rank steps, and keeps optimizer state for, only
+/// the parameters it owns ([`OptimizerSharding`], set at the first step); the owners share the
+/// new values after each step. Each rank's optimizer state differs, so each saves its own part.
+pub struct Zero1<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
+    ddp: Ddp<B, G>,
+    sharding: Option<OptimizerSharding>,
+}
+
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Zero1<B, G> {
+    /// ZeRO-1 over `group`.
+    pub fn new(group: G) -> Self {
+        Self {
+            ddp: Ddp::new(group),
+            sharding: None,
+        }
+    }
+
+    /// The data parallel part (group, all-reduce count).
+    pub fn ddp(&self) -> &Ddp<B, G> {
+        &self.ddp
+    }
+
+    /// Which rank owns each parameter (after the first optimizer step).
+    pub fn sharding(&self) -> Option<&OptimizerSharding> {
+        self.sharding.as_ref()
+    }
+}
+
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Zero1<B, G> {
+    fn name(&self) -> &'static str {
+        "zero-1"
+    }
+
+    fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
+        Some(self.ddp.group())
+    }
+
+    fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        self.ddp.setup(model)
+    }
+
+    fn reduce_gradients<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        self.ddp.sync_gradients(model, grads)
+    }
+
+    fn before_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) {
+        let group = self.ddp.group();
+        let (rank, world) = (group.rank(), group.world_size());
+        self.sharding
+            .get_or_insert_with(|| OptimizerSharding::new(model, rank, world))
+            .keep_owned(model, grads);
+    }
+
+    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+        match &self.sharding {
+            Some(sharding) => sharding.share_params(self.ddp.group(), model),
+            None => Ok(model),
+        }
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::PerRank
     }
 }

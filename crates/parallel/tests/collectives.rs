@@ -59,3 +59,93 @@ fn no_devices_is_a_named_error() {
         launch::<Flex, (), String, _>(vec![], LaunchConfig::default(), |_| Ok(())).unwrap_err();
     assert!(err.to_string().contains("devices"), "{err}");
 }
+
+/// A one-rank engine that records which of its own methods were called.
+#[derive(Default, Clone)]
+struct Counting {
+    calls: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+impl Counting {
+    fn called(&self, name: &'static str) {
+        self.calls.lock().unwrap().push(name);
+    }
+}
+
+impl ProcessGroup<Flex> for Counting {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world_size(&self) -> usize {
+        1
+    }
+
+    fn all_reduce(
+        &self,
+        tensor: Tensor<Flex, 1>,
+        _op: ReduceOp,
+    ) -> Result<Tensor<Flex, 1>, afterburner_parallel::ParallelError> {
+        self.called("all_reduce");
+        Ok(tensor)
+    }
+
+    fn broadcast(
+        &self,
+        tensor: Option<Tensor<Flex, 1>>,
+        _root: usize,
+    ) -> Result<Tensor<Flex, 1>, afterburner_parallel::ParallelError> {
+        self.called("broadcast");
+        Ok(tensor.unwrap())
+    }
+
+    fn all_gather(
+        &self,
+        tensor: Tensor<Flex, 1>,
+    ) -> Result<Vec<Tensor<Flex, 1>>, afterburner_parallel::ParallelError> {
+        self.called("all_gather");
+        Ok(vec![tensor])
+    }
+
+    fn reduce_scatter(
+        &self,
+        tensor: Tensor<Flex, 1>,
+        _op: ReduceOp,
+    ) -> Result<Tensor<Flex, 1>, afterburner_parallel::ParallelError> {
+        self.called("reduce_scatter");
+        Ok(tensor)
+    }
+
+    fn barrier(
+        &self,
+        _device: &burn::tensor::Device<Flex>,
+    ) -> Result<(), afterburner_parallel::ParallelError> {
+        self.called("barrier");
+        Ok(())
+    }
+}
+
+#[test]
+fn a_boxed_or_shared_group_reaches_every_engine_method() {
+    let engine = Counting::default();
+    let boxed: Box<dyn ProcessGroup<Flex>> = Box::new(engine.clone());
+    // The Accelerator holds its group boxed and shared.
+    let shared = afterburner_parallel::SharedGroup::new(boxed);
+    let device = Default::default();
+    let t = Tensor::<Flex, 1>::from_floats([1.0, 2.0], &device);
+    shared.all_reduce(t.clone(), ReduceOp::Sum).unwrap();
+    shared.broadcast(Some(t.clone()), 0).unwrap();
+    shared.all_gather(t.clone()).unwrap();
+    shared.reduce_scatter(t, ReduceOp::Mean).unwrap();
+    shared.barrier(&device).unwrap();
+    assert_eq!(
+        *engine.calls.lock().unwrap(),
+        [
+            "all_reduce",
+            "broadcast",
+            "all_gather",
+            "reduce_scatter",
+            "barrier"
+        ]
+    );
+}

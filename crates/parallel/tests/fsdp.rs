@@ -190,7 +190,7 @@ fn check_against_ddp(world: usize, config: FsdpConfig) -> (Report, Report) {
         "{} / {} at {world} workers vs DDP after {STEPS} AdamW steps: max relative difference \
          {err:e}; per-rank parameters {local:.3?} of {full}, optimizer record bytes {optim:.3?} \
          of {}",
-        config.sharding, config.auto_wrap, ddp[0].optim_bytes
+        config.sharding_strategy, config.auto_wrap_policy, ddp[0].optim_bytes
     );
     assert!(err <= 1e-5, "{err}");
     assert_ne!(
@@ -214,8 +214,9 @@ fn full_sharding_equals_ddp_at_two_and_four_workers() {
     let _rng = rng_lock();
     for world in [2, 4] {
         let config = FsdpConfig {
-            sharding: ShardingStrategy::Full,
-            auto_wrap: blocks(),
+            sharding_strategy: ShardingStrategy::Full,
+            auto_wrap_policy: blocks(),
+            ..Default::default()
         };
         let (fsdp, _) = check_against_ddp(world, config);
         // Units: the three blocks, plus the root (embed, head).
@@ -231,8 +232,9 @@ fn full_sharding_equals_ddp_at_two_and_four_workers() {
 fn grad_op_and_size_policy_equal_ddp() {
     let _rng = rng_lock();
     let config = FsdpConfig {
-        sharding: ShardingStrategy::GradOp,
-        auto_wrap: AutoWrapPolicy::Size(2000),
+        sharding_strategy: ShardingStrategy::GradOp,
+        auto_wrap_policy: AutoWrapPolicy::Size(2000),
+        ..Default::default()
     };
     let (fsdp, _) = check_against_ddp(2, config);
     // grad-op: no gather in the forward pass, one per unit after each step.

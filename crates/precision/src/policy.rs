@@ -5,7 +5,7 @@ use core::str::FromStr;
 
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
-use serde::{Deserialize, Serialize};
+use serde_with::{DeserializeFromStr, SerializeDisplay};
 
 use crate::PrecisionError;
 
@@ -21,8 +21,9 @@ use crate::PrecisionError;
 ///
 /// Parsed from Lightning's strings (`"32"`, `"bf16"`, `"16"` are accepted as in Lightning) or
 /// from HF's flags with [`Precision::from_flags`]. Serialised as its canonical string.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, SerializeDisplay, DeserializeFromStr,
+)]
 pub enum Precision {
     /// Everything in f32 (the default).
     #[default]
@@ -147,20 +148,6 @@ impl FromStr for Precision {
                     .collect::<Vec<_>>()
                     .join(", "),
             })
-    }
-}
-
-impl TryFrom<String> for Precision {
-    type Error = PrecisionError;
-
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        value.parse()
-    }
-}
-
-impl From<Precision> for String {
-    fn from(value: Precision) -> Self {
-        value.as_str().to_string()
     }
 }
 

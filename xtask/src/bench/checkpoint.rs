@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use afterburner::checkpoint::Balanced;
 use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
 use afterburner::models::{TransformerConfig, VitConfig};
-use afterburner::{Accelerator, AcceleratorConfig, CheckpointPolicy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy};
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
@@ -145,8 +145,8 @@ fn scenario<B: AutodiffBackend>(
                 let n = o.batch_size * SEQ_LEN;
                 let inputs = batch.clone().slice([0..o.batch_size, 0..SEQ_LEN]);
                 let targets = batch.clone().slice([0..o.batch_size, 1..SEQ_LEN + 1]);
-                let logits = acc.forward(net, inputs, |m, x| m.forward(x));
-                loss_fn.forward(logits.reshape([n, 256]), targets.reshape([n]))
+                let logits = acc.forward(net, inputs, |m, x| m.forward(x))?;
+                Ok(loss_fn.forward(logits.reshape([n, 256]), targets.reshape([n])))
             })
         }
         Model::Vit => {
@@ -169,8 +169,8 @@ fn scenario<B: AutodiffBackend>(
             let loss_fn = CrossEntropyLossConfig::new().init(&device);
             measure(o, acc, net, |acc, net, i| {
                 let batch = &batches[i % batches.len()];
-                let logits = acc.forward(net, batch.images.clone(), |m, x| m.forward(x));
-                loss_fn.forward(logits, batch.labels.clone())
+                let logits = acc.forward(net, batch.images.clone(), |m, x| m.forward(x))?;
+                Ok(loss_fn.forward(logits, batch.labels.clone()))
             })
         }
     }
@@ -186,7 +186,7 @@ fn measure<B, M, F>(
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
-    F: FnMut(&Accelerator<B>, &M, usize) -> Tensor<B, 1>,
+    F: FnMut(&Accelerator<B>, &M, usize) -> Result<Tensor<B, 1>, AccelerateError>,
 {
     let device = acc.device().clone();
     let (mut model, mut optim) = acc
@@ -200,7 +200,7 @@ where
         let live = alloc::live();
         alloc::reset_peak();
         let start = Instant::now();
-        let loss = loss_of(&acc, &model, i);
+        let loss = loss_of(&acc, &model, i).map_err(|e| e.to_string())?;
         let last = i + 1 == o.warmup + o.steps;
         let loss_value = last.then(|| loss.clone());
         acc.backward(loss, &model).map_err(|e| e.to_string())?;

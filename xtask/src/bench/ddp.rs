@@ -11,7 +11,9 @@ use afterburner::models::{Vit, VitConfig};
 use afterburner::parallel::{
     AutoWrapPolicy, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, ShardLayout,
 };
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Strategy};
+use afterburner::{
+    AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Strategy,
+};
 use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -67,7 +69,10 @@ fn step_time<I: Backend>(
     let device = I::Device::default();
     let config = AcceleratorConfig {
         strategy,
-        fsdp_auto_wrap_policy: fsdp_units(),
+        fsdp: FsdpConfig {
+            auto_wrap_policy: fsdp_units(),
+            ..Default::default()
+        },
         gradient_checkpointing: checkpointing,
         seed: 0,
         ..Default::default()
@@ -112,7 +117,7 @@ fn step_time<I: Backend>(
                 crate::alloc::reset_peak();
             }
             let batch = &batches[i % batches.len()];
-            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
             acc.backward(loss_fn.forward(logits, batch.labels.clone()), &model)?;
             model = acc.step(model, &mut optim, &mut 1e-3)?;
             if measured {

@@ -97,7 +97,9 @@ fn accelerated<B: AutodiffBackend>(
             start = start_timing::<B>(device);
         }
         let batch = &data[i % data.len()];
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc
+            .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+            .map_err(|e| e.to_string())?;
         let loss = loss_fn.forward(logits, batch.labels.clone());
         if i + 1 == o.warmup + o.steps {
             last = loss.clone().into_scalar().elem::<f64>();

@@ -125,7 +125,7 @@ pub fn train_96_digits(
     let items = digits::load()?[..96].to_vec();
     let loader = acc.dataloader(items, BATCHER, batch)?;
     for batch in loader.epoch(0) {
-        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x));
+        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
         acc.backward(cross_entropy(logits, &batch), &model)?;
         model = acc.step(model, &mut optim, &mut 0.5)?;
     }

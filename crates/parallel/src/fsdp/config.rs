@@ -1,15 +1,71 @@
-//! FSDP settings: what is sharded ([`ShardingStrategy`]) and which modules are units
-//! ([`AutoWrapPolicy`]). Both parse from the strings Accelerate and Lightning use.
+//! FSDP settings ([`FsdpConfig`], the `[fsdp]` table of a config file): what is sharded
+//! ([`ShardingStrategy`]), which modules are units ([`AutoWrapPolicy`]) and what a save writes
+//! ([`StateDictType`]). Each parses from the strings Accelerate and Lightning use.
 
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_with::{DeserializeFromStr, SerializeDisplay};
 
 use crate::ParallelError;
 
+/// FSDP settings: Accelerate's `fsdp_config` section, as a `[fsdp]` table (unknown keys are
+/// errors; missing ones take the defaults).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FsdpConfig {
+    /// What is sharded: "full" (default; ZeRO-3, `FULL_SHARD`), "grad-op" (ZeRO-2,
+    /// `SHARD_GRAD_OP`: parameters stay replicated) or "none" (`NO_SHARD`: plain DDP, which
+    /// [`Ddp`](crate::Ddp) is).
+    pub sharding_strategy: ShardingStrategy,
+    /// Which modules are units, each gathered with one collective: "none" (default: the
+    /// whole model is one unit), module type names separated by commas (e.g.
+    /// "TransformerEncoderLayer"), or `"size:<min parameters>"`.
+    pub auto_wrap_policy: AutoWrapPolicy,
+    /// What a saved training state holds: "sharded" (default; one part per rank, loads at the
+    /// same world size) or "full" (gathered; rank 0 writes an ordinary state that loads at
+    /// any world size and without FSDP).
+    pub state_dict_type: StateDictType,
+}
+
+/// What an FSDP save writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+pub enum StateDictType {
+    /// Every rank writes its own shards (`SHARDED_STATE_DICT`).
+    #[default]
+    Sharded,
+    /// Rank 0 writes the gathered parameters and optimizer state (`FULL_STATE_DICT`).
+    Full,
+}
+
+impl fmt::Display for StateDictType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Sharded => "sharded",
+            Self::Full => "full",
+        })
+    }
+}
+
+impl FromStr for StateDictType {
+    type Err = ParallelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sharded" | "sharded_state_dict" => Ok(Self::Sharded),
+            "full" | "full_state_dict" => Ok(Self::Full),
+            _ => Err(ParallelError::InvalidConfig {
+                field: "fsdp.state_dict_type",
+                value: s.to_string(),
+                expected: "sharded (SHARDED_STATE_DICT) or full (FULL_STATE_DICT)",
+            }),
+        }
+    }
+}
+
 /// What each rank keeps only a shard of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
 pub enum ShardingStrategy {
     /// Parameters, gradients and optimizer state sharded (ZeRO-3, PyTorch `FULL_SHARD`):
     /// a unit's parameters are gathered when the forward pass first reads them.
@@ -41,7 +97,7 @@ impl FromStr for ShardingStrategy {
             "grad-op" | "shard-grad-op" | "2" => Ok(Self::GradOp),
             "none" | "no-shard" | "3" => Ok(Self::NoShard),
             _ => Err(ParallelError::InvalidConfig {
-                field: "fsdp_sharding_strategy",
+                field: "fsdp.sharding_strategy",
                 value: s.to_string(),
                 expected: "one of: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), none (NO_SHARD)",
             }),
@@ -51,7 +107,7 @@ impl FromStr for ShardingStrategy {
 
 /// Which modules become FSDP units: each unit's parameters are gathered together, with one
 /// collective. Parameters outside every unit form the root unit.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
 pub enum AutoWrapPolicy {
     /// One unit: the whole model (PyTorch's default without an auto-wrap policy).
     #[default]
@@ -81,7 +137,7 @@ impl FromStr for AutoWrapPolicy {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let invalid = || ParallelError::InvalidConfig {
-            field: "fsdp_auto_wrap_policy",
+            field: "fsdp.auto_wrap_policy",
             value: s.to_string(),
             expected: "none, size:<min parameters> (a number > 0), or module type names \
                        separated by commas (e.g. TransformerEncoderLayer)",
@@ -110,27 +166,6 @@ impl FromStr for AutoWrapPolicy {
         }
     }
 }
-
-macro_rules! serde_as_string {
-    ($ty:ty) => {
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_str(self)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $ty {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                String::deserialize(deserializer)?
-                    .parse()
-                    .map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
-serde_as_string!(ShardingStrategy);
-serde_as_string!(AutoWrapPolicy);
 
 #[cfg(test)]
 mod tests {
@@ -164,7 +199,7 @@ mod tests {
         );
         for bad in ["size:0", "size:x", "Block,", "a.b"] {
             let err = bad.parse::<AutoWrapPolicy>().unwrap_err().to_string();
-            assert!(err.contains("fsdp_auto_wrap_policy"), "{bad}: {err}");
+            assert!(err.contains("fsdp.auto_wrap_policy"), "{bad}: {err}");
         }
         for policy in [
             AutoWrapPolicy::Size(7),

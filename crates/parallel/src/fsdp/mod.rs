@@ -12,6 +12,8 @@
 mod config;
 mod gather;
 mod layout;
+mod record;
+mod strategy;
 mod view;
 
 use std::marker::PhantomData;
@@ -20,27 +22,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use std::collections::HashMap;
 
+use afterburner_checkpoint::DerivedParams;
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 
-pub use config::{AutoWrapPolicy, ShardingStrategy};
+pub use config::{AutoWrapPolicy, FsdpConfig, ShardingStrategy, StateDictType};
 pub use layout::ShardLayout;
-pub use view::{BuildUnit, UnitSources};
 
 use crate::{ParallelError, ProcessGroup, SharedGroup};
 use gather::{Exchange, Stats};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
-
-/// FSDP settings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FsdpConfig {
-    /// What is sharded: `full` (default) or `grad-op`. (`none` is [`Ddp`](crate::Ddp).)
-    pub sharding: ShardingStrategy,
-    /// Which modules are units (default: the whole model is one unit).
-    pub auto_wrap: AutoWrapPolicy,
-}
 
 /// Fully sharded data parallel over a [`SharedGroup`] on the training backend's inner backend.
 ///
@@ -72,10 +65,10 @@ where
     /// FSDP over `group`. Errors for `sharding = none` (use [`Ddp`](crate::Ddp)) and for
     /// autodiff backends other than Burn's `Autodiff<_, _>`.
     pub fn new(group: SharedGroup<G>, config: FsdpConfig) -> Result<Self, ParallelError> {
-        if config.sharding == ShardingStrategy::NoShard {
+        if config.sharding_strategy == ShardingStrategy::NoShard {
             return Err(ParallelError::InvalidConfig {
-                field: "fsdp_sharding_strategy",
-                value: config.sharding.to_string(),
+                field: "fsdp.sharding_strategy",
+                value: config.sharding_strategy.to_string(),
                 expected: "full or grad-op (none is plain DDP)",
             });
         }
@@ -121,11 +114,11 @@ where
         let group = &self.exchange.group;
         let layout = ShardLayout::new(
             &model,
-            &self.config.auto_wrap,
+            &self.config.auto_wrap_policy,
             group.rank(),
             group.world_size(),
         );
-        let replicated = match self.config.sharding {
+        let replicated = match self.config.sharding_strategy {
             ShardingStrategy::GradOp => view::replicated_buffers(&model, &layout),
             _ => Vec::new(),
         };
@@ -158,18 +151,19 @@ where
         Ok(self.view_with_units(sharded, compute)?.0)
     }
 
-    /// [`view`](Self::view), and each unit as [`UnitSources`]: give them to activation
-    /// checkpointing (`afterburner_checkpoint::with_derived_params`) so a recomputed block
+    /// [`view`](Self::view), and each unit as [`DerivedParams`] (its shards and how to gather
+    /// them): give them to [`with_derived_params`](afterburner_checkpoint::with_derived_params)
+    /// around the forward pass so a recomputed `Checkpointed` block
     /// keeps its unit's shards instead of the gathered parameters and gathers them again in
     /// the backward pass (PyTorch FSDP's `reshard_after_forward`).
     pub fn view_with_units<M: Module<B>>(
         &self,
         sharded: &M,
         compute: Option<DType>,
-    ) -> Result<(M, Vec<UnitSources<B>>), ParallelError> {
+    ) -> Result<(M, Vec<DerivedParams<B>>), ParallelError> {
         let layout = self.layout_or_err();
         let view = layout.and_then(|layout| {
-            let replicated = match self.config.sharding {
+            let replicated = match self.config.sharding_strategy {
                 ShardingStrategy::GradOp => Some(self.state().replicated.clone()),
                 _ => None,
             };
@@ -196,7 +190,7 @@ where
     /// After each optimizer step: under `grad-op`, gathers every unit's new values (one
     /// all-gather per unit); nothing to do under `full`.
     pub fn after_step<M: AutodiffModule<B>>(&self, sharded: &M) -> Result<(), ParallelError> {
-        if self.config.sharding != ShardingStrategy::GradOp {
+        if self.config.sharding_strategy != ShardingStrategy::GradOp {
             return Ok(());
         }
         let layout = self.layout_or_err()?;

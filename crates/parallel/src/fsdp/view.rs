@@ -7,6 +7,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 
+use afterburner_checkpoint::DerivedParams;
+
 use super::gather::{self, Exchange};
 use super::layout::{ParamSlot, ShardLayout};
 use crate::{ParallelError, ProcessGroup};
@@ -282,23 +284,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>> + 'static> UnitCell<B, G> {
     }
 }
 
-/// One unit of a view as sources and a way to build from them: its parameters' ids, this
-/// rank's shard tensors, and a function gathering the unit's full parameters from those
-/// tensors (differentiable; in the ids' order). Activation checkpointing uses it to keep the
-/// shards, not the gathered parameters, for a recomputed block (`reshard_after_forward`).
-pub struct UnitSources<B: Backend> {
-    /// The unit's parameters, in the order `build` returns them.
-    pub ids: Vec<ParamId>,
-    /// This rank's shard of each, flattened (tracked: the gradients flow to them).
-    pub sources: Vec<FloatTensor<B>>,
-    /// Gathers the unit (one all-gather) and returns each full parameter.
-    pub build: BuildUnit<B>,
-}
-
-/// How [`UnitSources`] builds a unit's full parameters from its shard tensors.
-pub type BuildUnit<B> = Arc<dyn Fn(Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync>;
-
-/// The unit `unit`'s full parameters from its shard tensors (see [`UnitSources`]).
+/// The unit `unit`'s full parameters from its shard tensors (the unit's [`DerivedParams`]).
 fn build_unit<B, G>(
     parts: Vec<FloatTensor<B>>,
     unit: usize,
@@ -335,14 +321,14 @@ where
 }
 
 /// The sharded model with lazy full parameters (see [`Fsdp::view`](super::Fsdp::view)), and
-/// each unit as [`UnitSources`].
+/// each unit as [`DerivedParams`] (its shards and how to gather them).
 pub(crate) fn lazy_view<B, G, M>(
     sharded: &M,
     layout: &Arc<ShardLayout>,
     exchange: &Exchange<G>,
     replicated: Option<Vec<Tensor<Inner<B>, 1>>>,
     compute: Option<DType>,
-) -> Result<(M, Vec<UnitSources<B>>), ParallelError>
+) -> Result<(M, Vec<DerivedParams<B>>), ParallelError>
 where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
@@ -424,7 +410,7 @@ where
                     .clone();
                 build_unit::<B, G>(parts, unit, &layout, &exchange, replicated, compute)
             };
-            UnitSources {
+            DerivedParams {
                 ids,
                 sources,
                 build: Arc::new(build),

@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use burn::tensor::{DType, TensorData};
 use rmpv::Value;
 
-use crate::AccelerateError;
+use crate::ParallelError;
 
-fn bad(what: &str) -> AccelerateError {
-    AccelerateError::Usage(format!("optimizer record: {what}"))
+fn bad(what: &str) -> ParallelError {
+    ParallelError::Record(format!("optimizer record: {what}"))
 }
 
 /// Errors unless every parameter the record in `bytes` holds state for is in `index` (to
@@ -22,7 +22,7 @@ fn bad(what: &str) -> AccelerateError {
 pub(crate) fn check_param_ids(
     bytes: &[u8],
     index: &HashMap<String, usize>,
-) -> Result<(), AccelerateError> {
+) -> Result<(), ParallelError> {
     let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
     match field_mut(&mut record, "item") {
         Some(Value::Map(params)) => positions(params, index).map(|_| ()),
@@ -34,7 +34,7 @@ pub(crate) fn check_param_ids(
 fn positions(
     params: &[(Value, Value)],
     index: &HashMap<String, usize>,
-) -> Result<Vec<(usize, usize)>, AccelerateError> {
+) -> Result<Vec<(usize, usize)>, ParallelError> {
     let mut order = Vec::with_capacity(params.len());
     for (entry, (key, _)) in params.iter().enumerate() {
         let id = key
@@ -60,8 +60,8 @@ fn positions(
 pub(crate) fn map_state_tensors(
     bytes: &[u8],
     index: &HashMap<String, usize>,
-    mut f: impl FnMut(usize, Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), AccelerateError>,
-) -> Result<Vec<u8>, AccelerateError> {
+    mut f: impl FnMut(usize, Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), ParallelError>,
+) -> Result<Vec<u8>, ParallelError> {
     let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
     let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
     let Value::Map(params) = item else {
@@ -85,15 +85,15 @@ fn field_mut<'a>(value: &'a mut Value, name: &str) -> Option<&'a mut Value> {
         .map(|(_, v)| v)
 }
 
-type TensorFn<'a> = dyn FnMut(Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), AccelerateError> + 'a;
+type TensorFn<'a> = dyn FnMut(Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), ParallelError> + 'a;
 
 /// Depth-first, in the record's own order (struct fields in declaration order).
-fn visit_tensors(value: &mut Value, f: &mut TensorFn<'_>) -> Result<(), AccelerateError> {
+fn visit_tensors(value: &mut Value, f: &mut TensorFn<'_>) -> Result<(), ParallelError> {
     if let Some((data, dtype)) = as_tensor(value)? {
         let values = data
             .convert::<f32>()
             .into_vec::<f32>()
-            .map_err(|e| AccelerateError::Usage(format!("optimizer state tensor: {e:?}")))?;
+            .map_err(|e| ParallelError::Record(format!("optimizer state tensor: {e:?}")))?;
         let (values, shape) = f(values)?;
         let data = TensorData::new(values, shape.clone()).convert_dtype(dtype);
         if let Some(bytes) = field_mut(value, "bytes") {
@@ -114,7 +114,7 @@ fn visit_tensors(value: &mut Value, f: &mut TensorFn<'_>) -> Result<(), Accelera
 }
 
 /// The tensor a `{bytes, shape, dtype}` map holds, with its dtype.
-fn as_tensor(value: &Value) -> Result<Option<(TensorData, DType)>, AccelerateError> {
+fn as_tensor(value: &Value) -> Result<Option<(TensorData, DType)>, ParallelError> {
     let Value::Map(entries) = value else {
         return Ok(None);
     };
@@ -124,7 +124,7 @@ fn as_tensor(value: &Value) -> Result<Option<(TensorData, DType)>, AccelerateErr
     else {
         return Ok(None);
     };
-    let bad = |what: String| AccelerateError::Usage(format!("optimizer state tensor: {what}"));
+    let bad = |what: String| ParallelError::Record(format!("optimizer state tensor: {what}"));
     let dtype = match dtype.as_str() {
         Some("F32") => DType::F32,
         Some("F64") => DType::F64,

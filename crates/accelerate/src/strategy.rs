@@ -1,0 +1,182 @@
+//! The one place the facade knows its strategies: [`AnyStrategy`] is built from the config and
+//! forwards every phase to the strategy it holds. The Accelerator only ever talks to it through
+//! [`TrainingStrategy`]; adding a strategy means a variant here and a line in each `match`.
+
+use afterburner_parallel::{
+    Ddp, ForwardView, Fsdp, OptimizerSharding, ParallelError, ProcessGroup, ShardingStrategy,
+    SharedGroup, SingleDevice, StateLayout, TrainingStrategy, Zero1,
+};
+use burn::module::{AutodiffModule, Module};
+use burn::optim::GradientsParams;
+use burn::tensor::DType;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::distributed::Group;
+use crate::{AccelerateError, AcceleratorConfig, Strategy};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// The strategy an [`Accelerator`](crate::Accelerator) trains with, as the config's `strategy`
+/// picks it.
+pub enum AnyStrategy<B: AutodiffBackend> {
+    /// `"single-device"`.
+    SingleDevice(SingleDevice),
+    /// `"ddp"`, and `"fsdp"` with `sharding_strategy = "none"`.
+    Ddp(Ddp<B, SharedGroup<Group<B>>>),
+    /// `"zero-1"`.
+    Zero1(Zero1<B, SharedGroup<Group<B>>>),
+    /// `"fsdp"`.
+    Fsdp(Fsdp<B, Group<B>>),
+}
+
+impl<B: AutodiffBackend> AnyStrategy<B> {
+    /// The strategy `config` asks for, over `group` (`None` on a single device).
+    pub(crate) fn build(
+        config: &AcceleratorConfig,
+        group: Option<Group<B>>,
+    ) -> Result<Self, AccelerateError> {
+        let Some(group) = group else {
+            return Ok(Self::SingleDevice(SingleDevice));
+        };
+        let group = SharedGroup::new(group);
+        Ok(match config.strategy {
+            Strategy::SingleDevice => {
+                return Err(AccelerateError::invalid(
+                    "strategy",
+                    config.strategy,
+                    "ddp, zero-1 or fsdp for a multi-device run",
+                ));
+            }
+            Strategy::Ddp => Self::Ddp(Ddp::new(group)),
+            Strategy::Fsdp if config.fsdp.sharding_strategy == ShardingStrategy::NoShard => {
+                Self::Ddp(Ddp::new(group))
+            }
+            Strategy::Zero1 => Self::Zero1(Zero1::new(group)),
+            Strategy::Fsdp => Self::Fsdp(Fsdp::new(group, config.fsdp.clone())?),
+        })
+    }
+
+    /// The FSDP state (units, shard sizes, collective counts) under `strategy = "fsdp"`.
+    pub fn fsdp(&self) -> Option<&Fsdp<B, Group<B>>> {
+        match self {
+            Self::Fsdp(fsdp) => Some(fsdp),
+            _ => None,
+        }
+    }
+
+    /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).
+    pub fn optimizer_sharding(&self) -> Option<&OptimizerSharding> {
+        match self {
+            Self::Zero1(zero) => zero.sharding(),
+            _ => None,
+        }
+    }
+
+    /// Gradient all-reduces so far (one per optimizer step under DDP and ZeRO-1).
+    pub fn gradient_all_reduces(&self) -> u64 {
+        match self {
+            Self::Ddp(ddp) => ddp.all_reduce_count(),
+            Self::Zero1(zero) => zero.ddp().all_reduce_count(),
+            Self::SingleDevice(_) | Self::Fsdp(_) => 0,
+        }
+    }
+}
+
+/// Calls `$call` on the strategy inside `$self`, whichever it is.
+macro_rules! dispatch {
+    ($self:expr, $s:ident => $call:expr) => {
+        match $self {
+            AnyStrategy::SingleDevice($s) => $call,
+            AnyStrategy::Ddp($s) => $call,
+            AnyStrategy::Zero1($s) => $call,
+            AnyStrategy::Fsdp($s) => $call,
+        }
+    };
+}
+
+impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
+    fn name(&self) -> &'static str {
+        dispatch!(self, s => TrainingStrategy::<B>::name(s))
+    }
+
+    fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
+        dispatch!(self, s => TrainingStrategy::<B>::group(s))
+    }
+
+    fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::setup(s, model))
+    }
+
+    fn forward_view<M: Module<B>>(
+        &self,
+        model: &M,
+        compute: Option<DType>,
+    ) -> Result<Option<ForwardView<B, M>>, ParallelError> {
+        dispatch!(self, s => s.forward_view(model, compute))
+    }
+
+    fn after_backward(&self) -> Result<(), ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::after_backward(s))
+    }
+
+    fn reduce_gradients<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        dispatch!(self, s => s.reduce_gradients(model, grads))
+    }
+
+    fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::global_squared_norm(s, local, device))
+    }
+
+    fn before_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) {
+        dispatch!(self, s => s.before_optimizer_step(model, grads))
+    }
+
+    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::after_optimizer_step(s, model))
+    }
+
+    fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::full_model(s, model))
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        dispatch!(self, s => TrainingStrategy::<B>::state_layout(s))
+    }
+
+    fn loads_full_state(&self) -> bool {
+        dispatch!(self, s => TrainingStrategy::<B>::loads_full_state(s))
+    }
+
+    fn gather_optimizer_record<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        record: Vec<u8>,
+        device: &B::Device,
+    ) -> Result<Vec<u8>, ParallelError> {
+        dispatch!(self, s => s.gather_optimizer_record(model, record, device))
+    }
+
+    fn shard_optimizer_record<M: AutodiffModule<B>>(
+        &self,
+        full: &M,
+        record: Vec<u8>,
+    ) -> Result<Vec<u8>, ParallelError> {
+        dispatch!(self, s => s.shard_optimizer_record(full, record))
+    }
+
+    fn shard_full_state<M: AutodiffModule<B>>(&self, full: M) -> Result<M, ParallelError> {
+        dispatch!(self, s => s.shard_full_state(full))
+    }
+
+    fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
+        dispatch!(self, s => s.after_load(model))
+    }
+}

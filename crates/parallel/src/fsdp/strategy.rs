@@ -1,0 +1,142 @@
+//! FSDP as a [`TrainingStrategy`]: shards at setup, gathers per forward pass, a global gradient norm
+//! over the shards, and sharded or gathered training states.
+
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, ElementConversion, Tensor};
+
+use super::record::{check_param_ids, map_state_tensors};
+use super::{Fsdp, StateDictType};
+use crate::ddp::broadcast_from_rank0;
+use crate::{ForwardView, ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+impl<B, G> Fsdp<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+{
+    /// Each parameter's layout index by its serialized `ParamId` (how records name them).
+    fn indices_by_id<M: Module<B>>(&self, model: &M) -> HashMap<String, usize> {
+        self.param_indices(model)
+            .into_iter()
+            .map(|(id, index)| (id.serialize(), index))
+            .collect()
+    }
+
+    /// Whether every rank passes `ok` (one small all-reduce).
+    fn all_ok(&self, ok: bool, device: &B::Device) -> Result<bool, ParallelError> {
+        let group = self.group();
+        let vote = Tensor::<Inner<B>, 1>::from_floats([f32::from(u8::from(ok))], device);
+        let votes = group.all_reduce(vote, ReduceOp::Sum)?.into_scalar();
+        Ok(votes.elem::<f32>().round() as usize == group.world_size())
+    }
+}
+
+impl<B, G> TrainingStrategy<B> for Fsdp<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+{
+    fn name(&self) -> &'static str {
+        "fsdp"
+    }
+
+    fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
+        Some(Fsdp::group(self))
+    }
+
+    /// Rank 0's parameters on every rank, then this rank's shards.
+    fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        let model = broadcast_from_rank0(Fsdp::group(self), model)?;
+        self.shard(model)
+    }
+
+    fn forward_view<M: Module<B>>(
+        &self,
+        model: &M,
+        compute: Option<DType>,
+    ) -> Result<Option<ForwardView<B, M>>, ParallelError> {
+        let (model, derived) = self.view_with_units(model, compute)?;
+        Ok(Some(ForwardView { model, derived }))
+    }
+
+    fn after_backward(&self) -> Result<(), ParallelError> {
+        self.check()
+    }
+
+    // `reduce_gradients`: nothing to do, each backward pass reduce-scattered to the shards.
+
+    /// Each rank's gradients are a disjoint shard: the global squared norm is the sum of the
+    /// ranks' (one small all-reduce).
+    fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
+        let mine = Tensor::<Inner<B>, 1>::from_floats([local as f32], device);
+        let total = Fsdp::group(self).all_reduce(mine, ReduceOp::Sum)?;
+        Ok(total.into_scalar().elem::<f64>())
+    }
+
+    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+        self.after_step(&model)?;
+        Ok(model)
+    }
+
+    fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
+        Fsdp::full_model(self, model)
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        match self.config().state_dict_type {
+            StateDictType::Sharded => StateLayout::PerRank,
+            StateDictType::Full => StateLayout::Gathered,
+        }
+    }
+
+    fn loads_full_state(&self) -> bool {
+        true
+    }
+
+    /// Every state tensor of an element-wise optimizer is shaped like its parameter's shard:
+    /// each is gathered like the parameter (one all-gather each, in layout order, the same on
+    /// every rank whatever their `ParamId`s). Errors on every rank, before any gather, if the
+    /// record holds state for a parameter some rank's model lacks.
+    fn gather_optimizer_record<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        record: Vec<u8>,
+        device: &B::Device,
+    ) -> Result<Vec<u8>, ParallelError> {
+        let ids = self.indices_by_id(model);
+        let checked = check_param_ids(&record, &ids);
+        if !self.all_ok(checked.is_ok(), device)? {
+            checked?;
+            return Err(ParallelError::Record(
+                "optimizer record: another rank's record does not match its model".into(),
+            ));
+        }
+        map_state_tensors(&record, &ids, |index, values| {
+            self.gather_values(index, values, device)
+        })
+    }
+
+    fn shard_optimizer_record<M: AutodiffModule<B>>(
+        &self,
+        full: &M,
+        record: Vec<u8>,
+    ) -> Result<Vec<u8>, ParallelError> {
+        let ids = self.indices_by_id(full);
+        map_state_tensors(&record, &ids, |index, values| {
+            self.shard_values(index, values)
+        })
+    }
+
+    fn shard_full_state<M: AutodiffModule<B>>(&self, full: M) -> Result<M, ParallelError> {
+        self.shard(full)
+    }
+
+    fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
+        self.after_step(model)
+    }
+}

@@ -1,0 +1,197 @@
+//! [`TrainingStrategy`]: how training is spread over devices. A training loop (the `afterburner`
+//! Accelerator, or your own) holds one strategy and asks it at each phase of a step; the
+//! strategy owns its state (process group, shard layout, counters).
+//!
+//! The phases of one optimizer step, in order:
+//!
+//! 1. [`setup`](TrainingStrategy::setup) once, before training;
+//! 2. per micro-batch: the forward pass on [`forward_view`](TrainingStrategy::forward_view), then
+//!    `backward`, then [`after_backward`](TrainingStrategy::after_backward);
+//! 3. once per optimizer step (never on the accumulating micro-batches, like PyTorch's
+//!    `no_sync`): [`reduce_gradients`](TrainingStrategy::reduce_gradients), the global norm through
+//!    [`global_squared_norm`](TrainingStrategy::global_squared_norm) when clipping,
+//!    [`before_optimizer_step`](TrainingStrategy::before_optimizer_step), the optimizer step, and
+//!    [`after_optimizer_step`](TrainingStrategy::after_optimizer_step);
+//! 4. saving and loading: [`state_layout`](TrainingStrategy::state_layout) says which rank writes
+//!    what; a [`StateLayout::Gathered`] strategy also converts its parts to and from the full
+//!    state.
+//!
+//! Every method has the single-device behaviour as its default, so a strategy overrides only
+//! the phases it changes. The methods are generic over the model type, so the trait is not
+//! object safe: a loop that picks a strategy at run time dispatches through an enum.
+
+use afterburner_checkpoint::DerivedParams;
+use burn::module::{AutodiffModule, Module};
+use burn::optim::GradientsParams;
+use burn::tensor::DType;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::{ParallelError, ProcessGroup};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Which ranks write a training state, and what each holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateLayout {
+    /// Every rank holds the same state: rank 0 writes one directory, every rank reads it.
+    Replicated,
+    /// Every rank holds its own part: each writes and reads its own directory, and the state
+    /// loads at the same world size.
+    PerRank,
+    /// Every rank holds shards; they are gathered into one full state that rank 0 writes as
+    /// an ordinary directory (loads at any world size, and without the strategy).
+    Gathered,
+}
+
+/// The model a forward pass runs on, when a strategy provides one.
+pub struct ForwardView<B: AutodiffBackend, M> {
+    /// The model to call (e.g. FSDP's lazily gathered view).
+    pub model: M,
+    /// Parameters built from other tensors during the pass (FSDP's units from their shards):
+    /// give them to [`with_derived_params`](afterburner_checkpoint::with_derived_params) so
+    /// recomputed blocks gather again instead of keeping the full parameters.
+    pub derived: Vec<DerivedParams<B>>,
+}
+
+/// How training is spread over devices: asked by the training loop at each phase (see the
+/// module docs for the order). Implemented by [`SingleDevice`], [`Ddp`](crate::Ddp),
+/// [`Zero1`](crate::Zero1) and [`Fsdp`](crate::Fsdp); another crate adds its own (Local SGD,
+/// DiLoCo) by implementing it.
+pub trait TrainingStrategy<B: AutodiffBackend> {
+    /// A short name for logs and errors ("single-device", "ddp", ...).
+    fn name(&self) -> &'static str;
+
+    /// The ranks' process group; `None` on a single device.
+    fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
+        None
+    }
+
+    /// This rank (0 on a single device).
+    fn rank(&self) -> usize {
+        self.group().map_or(0, |g| g.rank())
+    }
+
+    /// The number of ranks (1 on a single device).
+    fn world_size(&self) -> usize {
+        self.group().map_or(1, |g| g.world_size())
+    }
+
+    /// Puts a model (on this rank's device, every parameter initialised) into the form this
+    /// strategy trains: e.g. rank 0's parameters on every rank, or this rank's shards.
+    fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        Ok(model)
+    }
+
+    /// The model one forward pass runs on, with the parameters cast to `compute` when given;
+    /// `None` to run on `model` itself (the loop then applies its own precision view).
+    fn forward_view<M: Module<B>>(
+        &self,
+        model: &M,
+        compute: Option<DType>,
+    ) -> Result<Option<ForwardView<B, M>>, ParallelError> {
+        let _ = (model, compute);
+        Ok(None)
+    }
+
+    /// After each backward pass: reports a collective that failed inside it.
+    fn after_backward(&self) -> Result<(), ParallelError> {
+        Ok(())
+    }
+
+    /// Makes `grads` (this rank's, accumulated over the cycle) the gradients this rank steps
+    /// with; once per optimizer step, before any unscaling or clipping.
+    fn reduce_gradients<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        let _ = (model, grads);
+        Ok(())
+    }
+
+    /// The squared L2 norm of the whole model's gradients from this rank's `local` one (the
+    /// same unless ranks hold different parts of the gradients).
+    fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
+        let _ = device;
+        Ok(local)
+    }
+
+    /// Just before the optimizer steps, after clipping: e.g. drop the gradients of the
+    /// parameters other ranks update.
+    fn before_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) {
+        let _ = (model, grads);
+    }
+
+    /// Right after the optimizer stepped: e.g. share the new values, refresh buffers, or
+    /// (Local SGD) average the replicas every K steps.
+    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+        Ok(model)
+    }
+
+    /// The whole model with full parameters (every rank must call it when it gathers).
+    fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
+        Ok(model.clone())
+    }
+
+    /// Which rank writes what when the training state is saved.
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::Replicated
+    }
+
+    /// Whether an ordinary (full) state loads into this strategy by
+    /// [`shard_full_state`](Self::shard_full_state), whatever world size saved it.
+    fn loads_full_state(&self) -> bool {
+        false
+    }
+
+    /// Under [`StateLayout::Gathered`]: the optimizer record (Burn's named MessagePack at full
+    /// precision, as the state files hold it) with every per-parameter tensor gathered to its
+    /// full shape. Every rank calls it, in the same order. `model` is this rank's model.
+    fn gather_optimizer_record<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        record: Vec<u8>,
+        device: &B::Device,
+    ) -> Result<Vec<u8>, ParallelError> {
+        let _ = (model, device);
+        Ok(record)
+    }
+
+    /// The inverse of [`gather_optimizer_record`](Self::gather_optimizer_record), for a
+    /// state loaded into `full` (the full model holding the record's parameter ids).
+    fn shard_optimizer_record<M: AutodiffModule<B>>(
+        &self,
+        full: &M,
+        record: Vec<u8>,
+    ) -> Result<Vec<u8>, ParallelError> {
+        let _ = full;
+        Ok(record)
+    }
+
+    /// A full model (every rank the same, e.g. just loaded) in this strategy's form, without
+    /// any broadcast.
+    fn shard_full_state<M: AutodiffModule<B>>(&self, full: M) -> Result<M, ParallelError> {
+        Ok(full)
+    }
+
+    /// After a state was loaded into `model`: refresh what the strategy derives from the
+    /// parameters.
+    fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
+        let _ = model;
+        Ok(())
+    }
+}
+
+/// One device, no collectives: every phase as in a plain loop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SingleDevice;
+
+impl<B: AutodiffBackend> TrainingStrategy<B> for SingleDevice {
+    fn name(&self) -> &'static str {
+        "single-device"
+    }
+}
