@@ -239,7 +239,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         model: &M,
     ) -> Result<(), AccelerateError> {
         if self.unscaled.is_some() {
-            return Err(AccelerateError::Usage(
+            return Err(AccelerateError::CallOrder(
                 "backward() after clip_grad_norm() in the same cycle: call step() first".into(),
             ));
         }
@@ -264,7 +264,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             ),
         );
         if new.is_empty() {
-            return Err(AccelerateError::Usage(
+            return Err(AccelerateError::NoGradients(
                 "backward(): no gradient reached the model's parameters; compute the loss with \
                  acc.forward(&model, ..) on the model returned by setup()"
                     .into(),
@@ -339,7 +339,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         }
         self.reduce_pending(model)?;
         let Some(summary) = self.unscale_pending(model, true)? else {
-            return Err(AccelerateError::Usage(
+            return Err(AccelerateError::CallOrder(
                 "clip_grad_norm() called with no pending gradients: call backward() first".into(),
             ));
         };
@@ -368,7 +368,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         S: LrScheduler,
     {
         if self.pending.is_none() {
-            return Err(AccelerateError::Usage(
+            return Err(AccelerateError::CallOrder(
                 "step() called with no pending gradients: call backward() first".into(),
             ));
         }

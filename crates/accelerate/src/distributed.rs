@@ -167,7 +167,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         for (rank, part) in parts.iter().enumerate() {
             let [len] = part.dims();
             if len != per_rank {
-                return Err(AccelerateError::Usage(format!(
+                return Err(AccelerateError::RanksDisagree(format!(
                     "gather_for_metrics: rank {rank} gave {len} values; expected {per_rank} \
                      (its whole eval_dataloader epoch for a dataset of {dataset_len})"
                 )));

@@ -27,7 +27,64 @@ pub enum AccelerateError {
         /// What is allowed.
         expected: &'static str,
     },
-    /// A call made in the wrong order (e.g. `step` before any `backward`).
+    /// A call made in the wrong order (e.g. `step` before any `backward`, `save_state` in the
+    /// middle of an accumulation cycle).
+    #[error("{0}")]
+    CallOrder(String),
+    /// `backward` found no gradient for the model's parameters (the loss was not computed
+    /// through `forward` on the model `setup` returned).
+    #[error("{0}")]
+    NoGradients(String),
+    /// The ranks disagree: one failed where the others succeeded, or they hold different
+    /// data (parts of different saves, different values for one collective).
+    #[error("{0}")]
+    RanksDisagree(String),
+    /// A sharded state was saved at another world size.
+    #[error("{0}")]
+    WrongWorldSize(String),
+    /// `save_state` refuses to replace a directory that is not an afterburner state.
+    #[error(
+        "refusing to replace {dir}: it exists and is not an afterburner state directory \
+         (nothing was written)"
+    )]
+    NotAStateDir {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The state lacks a part that was asked for.
+    #[error("the state at {dir} has no part '{part}' (it holds: {})", saved.join(", "))]
+    MissingPart {
+        /// The state directory.
+        dir: PathBuf,
+        /// The part asked for.
+        part: String,
+        /// The parts the state holds.
+        saved: Vec<String>,
+    },
+    /// The state holds a part that was not asked for (it would be silently dropped).
+    #[error(
+        "the state at {dir} holds a part '{part}' that was not given to load (given: {})",
+        expected.join(", ")
+    )]
+    UnknownPart {
+        /// The state directory.
+        dir: PathBuf,
+        /// The unexpected part.
+        part: String,
+        /// The parts given to load.
+        expected: Vec<String>,
+    },
+    /// A part cannot be saved or loaded as given (a bad or repeated name, an encoding
+    /// failure, an optimizer without its model under a gathered state).
+    #[error("state part '{part}': {reason}")]
+    InvalidPart {
+        /// The part (its name, or its type).
+        part: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Any other error, e.g. one a worker closure returns for its own reasons (a worker that
+    /// returns an error stops every rank).
     #[error("{0}")]
     Usage(String),
     /// Reading or writing a file failed.

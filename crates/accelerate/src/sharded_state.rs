@@ -6,13 +6,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use afterburner_parallel::{ReduceOp, TrainingStrategy};
-use burn::module::AutodiffModule;
-use burn::optim::Optimizer;
-use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 
-use crate::state_files::MANIFEST;
+use crate::parts::{Mode, StateParts};
+use crate::state::AcceleratorState;
+use crate::state_files::{MANIFEST, write_atomically};
 use crate::{AccelerateError, Accelerator};
 
 /// Directory name prefix of one rank's part of a sharded state.
@@ -20,19 +19,16 @@ const RANK_PREFIX: &str = "rank-";
 
 impl<B: AutodiffBackend> Accelerator<B> {
     /// Every rank writes its part; the call fails on every rank if it failed on any.
-    pub(crate) fn save_sharded_state<M, O, S>(
+    pub(crate) fn save_rank_part(
         &self,
         dir: &Path,
-        model: &M,
-        optimizer: &O,
-        scheduler: &S,
-    ) -> Result<(), AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        let written = self.write_rank_state(dir, model, optimizer, scheduler);
+        parts: &StateParts<'_, B>,
+    ) -> Result<(), AccelerateError> {
+        let written = self.check_sharded_target(dir).and_then(|()| {
+            let mine = self.rank_dir(dir);
+            self.check_save_target(&mine)?;
+            write_atomically(&mine, &self.encode_parts(parts, Mode::Local)?)
+        });
         self.all_ranks_succeeded(&written, "save_state")?;
         if self.is_main_process() {
             remove_other_world_sizes(dir, self.world_size());
@@ -40,46 +36,27 @@ impl<B: AutodiffBackend> Accelerator<B> {
         written
     }
 
-    /// Every rank loads its part; nothing changes unless every part is intact and all come
-    /// from the same save.
-    pub(crate) fn load_sharded_state<M, O, S>(
-        &mut self,
+    /// Errors unless the ranks' parts come from one save: a save that failed on some rank
+    /// leaves the others' newer parts next to its older one.
+    pub(crate) fn check_same_save(
+        &self,
         dir: &Path,
-        model: M,
-        optimizer: O,
-        scheduler: S,
-    ) -> Result<(M, O, S), AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        let mine = self.rank_dir(dir);
-        let decoded = match mine.is_dir() {
-            true => self.decode(&mine),
-            false => Err(missing_rank_dir(dir, &mine, self.world_size())),
-        };
-        self.all_ranks_succeeded(&decoded, "load_state")?;
-        let decoded = decoded?;
-        // The parts must come from one save: a save that failed on some rank leaves the
-        // others' newer parts next to its older one.
-        let c = decoded.state.counters;
+        state: &AcceleratorState,
+    ) -> Result<(), AccelerateError> {
+        let c = state.counters;
         let counters = [c.optimizer_steps, c.skipped_steps, c.micro_batches].map(|v| v as f64);
         if !self.same_on_every_rank(&counters)? {
-            return Err(AccelerateError::Usage(format!(
+            return Err(AccelerateError::RanksDisagree(format!(
                 "load_state: the ranks' parts in {} come from different saves (their step \
                  counters differ); nothing was loaded",
                 dir.display()
             )));
         }
-        let ((model, optimizer, scheduler), saved) =
-            self.load_records(decoded, model, optimizer, scheduler);
-        self.strategy.after_load(&model)?;
-        self.restore(saved);
-        Ok((model, optimizer, scheduler))
+        Ok(())
     }
 
-    fn rank_dir(&self, dir: &Path) -> PathBuf {
+    /// This rank's directory of a sharded state.
+    pub(crate) fn rank_dir(&self, dir: &Path) -> PathBuf {
         dir.join(format!(
             "{RANK_PREFIX}{:05}-of-{:05}",
             self.rank(),
@@ -87,38 +64,45 @@ impl<B: AutodiffBackend> Accelerator<B> {
         ))
     }
 
-    /// This rank's part of a sharded save.
-    fn write_rank_state<M, O, S>(
-        &self,
-        dir: &Path,
-        model: &M,
-        optimizer: &O,
-        scheduler: &S,
-    ) -> Result<(), AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
+    /// Errors unless `dir` is absent or holds only rank directories.
+    fn check_sharded_target(&self, dir: &Path) -> Result<(), AccelerateError> {
         if dir.join(MANIFEST).is_file() {
-            return Err(AccelerateError::Usage(format!(
-                "refusing to write a sharded state into {}: it holds a single-rank state",
-                dir.display()
-            )));
+            return Err(AccelerateError::NotAStateDir {
+                dir: dir.to_path_buf(),
+            });
         }
         if let Ok(entries) = fs::read_dir(dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if !(name.starts_with(RANK_PREFIX) || name.starts_with('.')) {
-                    return Err(AccelerateError::Usage(format!(
-                        "refusing to write a sharded state into {}: it holds '{name}', which is \
-                         not part of an afterburner state",
-                        dir.display()
-                    )));
+                    return Err(AccelerateError::NotAStateDir {
+                        dir: dir.to_path_buf(),
+                    });
                 }
             }
         }
-        self.write_state(&self.rank_dir(dir), model, optimizer, scheduler)
+        Ok(())
+    }
+
+    /// The error for a sharded load whose rank directory is missing, naming what is there.
+    pub(crate) fn missing_rank_dir(&self, dir: &Path, mine: &Path) -> AccelerateError {
+        let mut found: Vec<String> = fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(RANK_PREFIX))
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.sort();
+        AccelerateError::WrongWorldSize(format!(
+            "no sharded state for this rank at {} (world size {}); found: [{}]. A sharded \
+             state loads at the world size it was saved with",
+            mine.display(),
+            self.world_size(),
+            found.join(", ")
+        ))
     }
 
     /// Tells every rank whether every rank's `result` is Ok; an error on another rank becomes
@@ -130,7 +114,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     ) -> Result<(), AccelerateError> {
         let failed = self.world_size() - self.ranks_voting_yes(result.is_ok())?;
         if failed > 0 && result.is_ok() {
-            return Err(AccelerateError::Usage(format!(
+            return Err(AccelerateError::RanksDisagree(format!(
                 "{what} failed on {failed} other rank(s); nothing was changed here"
             )));
         }
@@ -167,26 +151,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let votes = group.all_reduce(vote, ReduceOp::Sum)?.into_scalar();
         Ok(votes.elem::<f32>().round() as usize)
     }
-}
-
-/// The error for a sharded load whose rank directory is missing, naming what is there.
-fn missing_rank_dir(dir: &Path, mine: &Path, world: usize) -> AccelerateError {
-    let mut found: Vec<String> = fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(RANK_PREFIX))
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
-    AccelerateError::Usage(format!(
-        "no sharded state for this rank at {} (world size {world}); found: [{}]. A sharded \
-         state loads at the world size it was saved with",
-        mine.display(),
-        found.join(", ")
-    ))
 }
 
 /// After a sharded save, drops rank directories of other world sizes (older saves).

@@ -1,21 +1,23 @@
 //! Save and resume the whole training state, atomically and verified.
 //!
-//! A state directory holds:
-//! - `model.mpk`, `optimizer.mpk`, `scheduler.mpk`: Burn records in named MessagePack at full
-//!   precision (f32 for the `*-true` modes too; they are cast back on load);
+//! A state directory holds one file per named part ([`StateParts`]) and two of its own:
+//! - `<part>.mpk`: a model's, optimizer's or scheduler's Burn record in named MessagePack at
+//!   full precision (f32 for the `*-true` modes too; they are cast back on load), or a
+//!   [`Stateful`](crate::Stateful) object's bytes;
 //! - `accelerator.json`: counters, loss-scaler state, seed, data position;
 //! - `manifest.json`, written last: the format tag and each file's length and CRC-32.
 //!
 //! Saving writes a temporary sibling directory, syncs it and renames it into place, so a crash
 //! leaves either the old state or the new one, never a mix. Loading checks the manifest before
-//! decoding anything and changes nothing unless every file is intact (`state_files`).
-//! Data parallel variants: one such directory per rank (`sharded_state`) and FSDP's gathered
-//! full state (`full_state`).
+//! decoding anything and changes nothing unless every part decodes on every rank
+//! (`state_files`, `parts`). Which rank writes what is the strategy's
+//! [`StateLayout`]: one directory written by rank 0, one per rank (`sharded_state`), or one
+//! gathered from every rank's shards and written by rank 0.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use afterburner_parallel::{StateLayout, TrainingStrategy};
-use afterburner_precision::{GradScalerState, Precision};
+use afterburner_precision::{GradScaler, GradScalerState, Precision};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -25,15 +27,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
+use crate::parts::{ACCELERATOR_PART, Mode, StateParts, part_file};
 use crate::state_files::{MANIFEST, read_verified, write_atomically};
 use crate::{AccelerateError, Accelerator};
 
-const MODEL: &str = "model.mpk";
-const OPTIMIZER: &str = "optimizer.mpk";
-const SCHEDULER: &str = "scheduler.mpk";
-const ACCELERATOR: &str = "accelerator.json";
+/// The Accelerator's own part.
+const ACCELERATOR_FILE: &str = "accelerator.json";
 
 type StateRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
+
+/// A state directory's files: (file name, bytes).
+type StateFiles = Vec<(String, Vec<u8>)>;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct AcceleratorState {
@@ -44,18 +48,36 @@ pub(crate) struct AcceleratorState {
     data: DataProgress,
 }
 
+/// The parts [`Accelerator::save_state`] and [`Accelerator::load_state`] use.
+fn classic_parts<'a, B, M, O, S>(
+    model: &'a mut M,
+    optimizer: &'a mut O,
+    scheduler: &'a mut S,
+) -> StateParts<'a, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + 'static,
+    O: Optimizer<M, B>,
+    S: LrScheduler,
+{
+    StateParts::new()
+        .model("model", model)
+        .optimizer::<M, O>("optimizer", optimizer)
+        .scheduler("scheduler", scheduler)
+}
+
 impl<B: AutodiffBackend> Accelerator<B> {
     /// Saves model, optimizer, LR scheduler, loss scaler, counters, seed and data position to
-    /// `dir`, replacing an earlier state there atomically. Errors in the middle of an
-    /// accumulation cycle (the pending gradients would be lost) and if `dir` exists but is not
-    /// a state directory (it is never overwritten then).
+    /// `dir` (the parts `model`, `optimizer`, `scheduler`; use
+    /// [`save_parts`](Self::save_parts) for more), replacing an earlier state there
+    /// atomically. Errors in the middle of an accumulation cycle (the pending gradients would
+    /// be lost) and if `dir` exists but is not a state directory (it is never overwritten).
     ///
     /// Under DDP, rank 0 writes (every replica is identical) and every rank waits until it has.
-    /// Under `zero-1` and `fsdp` each rank holds a different part of the state: every rank
-    /// writes its own complete state directory, `dir/rank-<r>-of-<n>` (the sharded state, one
-    /// per rank, loadable at the same world size), and the call fails on every rank if it
-    /// failed on any. For the full weights, gather them with
-    /// [`full_model`](Self::full_model).
+    /// Under `zero-1` and sharded `fsdp` each rank holds a different part of the state: every
+    /// rank writes its own complete state directory, `dir/rank-<r>-of-<n>` (loadable at the
+    /// same world size). Under `fsdp` with `state_dict_type = "full"` the parts are gathered
+    /// and rank 0 writes one ordinary state. The call fails on every rank if it failed on any.
     pub fn save_state<M, O, S>(
         &self,
         dir: impl AsRef<Path>,
@@ -64,74 +86,224 @@ impl<B: AutodiffBackend> Accelerator<B> {
         scheduler: &S,
     ) -> Result<(), AccelerateError>
     where
-        M: AutodiffModule<B>,
+        M: AutodiffModule<B> + 'static,
         O: Optimizer<M, B>,
         S: LrScheduler,
     {
+        let (mut model, mut optimizer, mut scheduler) =
+            (model.clone(), optimizer.clone(), scheduler.clone());
+        self.save_parts(
+            dir,
+            &mut classic_parts(&mut model, &mut optimizer, &mut scheduler),
+        )
+    }
+
+    /// Restores a state saved by [`save_state`](Self::save_state): returns the model, optimizer
+    /// and scheduler and restores this Accelerator's counters, loss scale, RNG stream and data
+    /// position. Every file is verified first; on any error nothing is changed. Under `zero-1`
+    /// and `fsdp` each rank loads its own part (pass the model `setup` returned); if any
+    /// rank cannot, every rank returns an error and none changes.
+    pub fn load_state<M, O, S>(
+        &mut self,
+        dir: impl AsRef<Path>,
+        mut model: M,
+        mut optimizer: O,
+        mut scheduler: S,
+    ) -> Result<(M, O, S), AccelerateError>
+    where
+        M: AutodiffModule<B> + 'static,
+        O: Optimizer<M, B>,
+        S: LrScheduler,
+    {
+        self.load_parts(
+            dir,
+            &mut classic_parts(&mut model, &mut optimizer, &mut scheduler),
+        )?;
+        Ok((model, optimizer, scheduler))
+    }
+
+    /// Saves every part of `parts` (models, optimizers, schedulers, [`Stateful`] objects)
+    /// and the Accelerator's own state to `dir`, like [`save_state`](Self::save_state) (same
+    /// atomicity, checks and strategies).
+    ///
+    /// [`Stateful`]: crate::Stateful
+    pub fn save_parts(
+        &self,
+        dir: impl AsRef<Path>,
+        parts: &mut StateParts<'_, B>,
+    ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
+        parts.check_names()?;
+        self.check_not_mid_cycle()?;
         match self.strategy.state_layout() {
-            StateLayout::Gathered => self.save_full_state(dir, model, optimizer, scheduler),
-            StateLayout::PerRank => self.save_sharded_state(dir, model, optimizer, scheduler),
             StateLayout::Replicated => {
-                let written = if self.is_main_process() {
-                    self.write_state(dir, model, optimizer, scheduler)
-                } else {
-                    Ok(())
+                let written = match self.is_main_process() {
+                    true => self.check_save_target(dir).and_then(|()| {
+                        write_atomically(dir, &self.encode_parts(parts, Mode::Local)?)
+                    }),
+                    false => Ok(()),
                 };
-                self.barrier()?;
+                self.all_ranks_succeeded(&written, "save_state")?;
+                written
+            }
+            StateLayout::PerRank => self.save_rank_part(dir, parts),
+            StateLayout::Gathered => {
+                // Everything that can fail on one rank alone, before any collective.
+                let checked = self.check_save_target(dir);
+                self.all_ranks_succeeded(&checked, "save_state")?;
+                checked?;
+                let written = match self.encode_parts(parts, Mode::Gathered) {
+                    Ok(files) if self.is_main_process() => write_atomically(dir, &files),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                self.all_ranks_succeeded(&written, "save_state")?;
                 written
             }
         }
     }
 
-    pub(crate) fn write_state<M, O, S>(
-        &self,
-        dir: &Path,
-        model: &M,
-        optimizer: &O,
-        scheduler: &S,
-    ) -> Result<(), AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        self.check_save_target(dir)?;
-        self.write_encoded(
-            dir,
-            encode::<B, _>(model.clone().into_record())?,
-            encode::<B, _>(optimizer.to_record())?,
-            encode::<B, _>(scheduler.to_record::<B>())?,
-        )
-    }
-
-    /// Errors when saving now would lose pending gradients, or would replace `dir` although
-    /// it is not a state directory.
-    pub(crate) fn check_save_target(&self, dir: &Path) -> Result<(), AccelerateError> {
-        if self.pending_micro_batches() > 0 {
-            return Err(AccelerateError::Usage(format!(
-                "save_state() in the middle of an accumulation cycle would lose {} pending \
-                 micro-batch gradients; save right after a step()",
-                self.pending_micro_batches()
-            )));
+    /// Restores every part of `parts` in place from a state saved with the same part names,
+    /// and this Accelerator's counters, loss scale, RNG stream and data position. A part the
+    /// state lacks, or a part of the state not in `parts`, is an error naming it. Nothing
+    /// changes unless every part decodes (on every rank).
+    pub fn load_parts(
+        &mut self,
+        dir: impl AsRef<Path>,
+        parts: &mut StateParts<'_, B>,
+    ) -> Result<(), AccelerateError> {
+        let dir = dir.as_ref();
+        parts.check_names()?;
+        let (source, mode, per_rank) = self.state_source(dir)?;
+        let read = match per_rank && !source.is_dir() {
+            true => Err(self.missing_rank_dir(dir, &source)),
+            false => self.read_parts(&source, parts),
+        };
+        self.all_ranks_succeeded(&read, "load_state")?;
+        let (mut files, state) = read?;
+        if per_rank {
+            self.check_same_save(dir, &state)?;
         }
-        if dir.exists() && !dir.join(MANIFEST).is_file() {
-            return Err(AccelerateError::Usage(format!(
-                "refusing to replace {}: it exists and is not an afterburner state directory",
-                dir.display()
-            )));
+        // Models first: a gathered optimizer is sharded by its loaded model's ids.
+        parts.parts.sort_by_key(|(_, slot)| !slot.is_model());
+        for (_, slot) in parts.parts.iter_mut() {
+            slot.prepare_load(self, mode)?;
         }
+        let staged = self.stage_parts(&source, mode, parts, &mut files, &state);
+        self.all_ranks_succeeded(&staged, "load_state")?;
+        let scaler = staged?;
+        for (_, slot) in parts.parts.iter_mut() {
+            slot.commit(self, mode)?;
+        }
+        self.restore(state, scaler);
         Ok(())
     }
 
-    /// Writes a state directory from encoded model, optimizer and scheduler records.
-    pub(crate) fn write_encoded(
+    /// Decodes every part (models first), changing nothing visible; returns the loss scaler
+    /// to restore.
+    fn stage_parts(
+        &self,
+        source: &Path,
+        mode: Mode,
+        parts: &mut StateParts<'_, B>,
+        files: &mut Vec<(String, Vec<u8>)>,
+        state: &AcceleratorState,
+    ) -> Result<Option<GradScaler>, AccelerateError> {
+        let models = parts.parts.iter().filter(|(_, s)| s.is_model()).count();
+        let (model_parts, other_parts) = parts.parts.split_at_mut(models);
+        for (name, slot) in model_parts.iter_mut() {
+            let bytes = take_file(files, &part_file(name));
+            slot.stage(self, mode, bytes, &source.join(part_file(name)), &[])?;
+        }
+        for (name, slot) in other_parts.iter_mut() {
+            let bytes = take_file(files, &part_file(name));
+            slot.stage(
+                self,
+                mode,
+                bytes,
+                &source.join(part_file(name)),
+                model_parts,
+            )?;
+        }
+        let mut scaler = self.scaler.clone();
+        if let (Some(scaler), Some(saved)) = (&mut scaler, state.scaler) {
+            scaler.load_state(saved)?;
+        }
+        Ok(scaler)
+    }
+
+    /// Where this rank reads a state from, whether it is a gathered (full) one, and whether
+    /// it is this rank's own part of a sharded one. Every rank takes the same path.
+    fn state_source(&self, dir: &Path) -> Result<(PathBuf, Mode, bool), AccelerateError> {
+        if self.strategy.state_layout() == StateLayout::Replicated {
+            return Ok((dir.to_path_buf(), Mode::Local, false));
+        }
+        if self.strategy.loads_full_state() {
+            let full = dir.join(MANIFEST).is_file();
+            // Every rank must take the same path (each runs collectives).
+            if !self.same_on_every_rank(&[f64::from(u8::from(full))])? {
+                return Err(AccelerateError::RanksDisagree(format!(
+                    "load_state: the ranks do not see the same state at {} (a full state on \
+                     some, a sharded one on others)",
+                    dir.display()
+                )));
+            }
+            if full {
+                return Ok((dir.to_path_buf(), Mode::Gathered, false));
+            }
+        }
+        Ok((self.rank_dir(dir), Mode::Local, true))
+    }
+
+    /// The verified files of the state at `dir` and the Accelerator's part; errors on a part
+    /// `parts` asks for that the state lacks, and on a part of the state `parts` lacks.
+    fn read_parts(
         &self,
         dir: &Path,
-        model: Vec<u8>,
-        optimizer: Vec<u8>,
-        scheduler: Vec<u8>,
-    ) -> Result<(), AccelerateError> {
+        parts: &StateParts<'_, B>,
+    ) -> Result<(StateFiles, AcceleratorState), AccelerateError> {
+        let mut files = read_verified(dir)?;
+        let state_bytes = files
+            .iter()
+            .position(|(n, _)| n == ACCELERATOR_FILE)
+            .map(|i| files.swap_remove(i).1)
+            .ok_or_else(|| {
+                AccelerateError::corrupt(dir.join(ACCELERATOR_FILE), "missing from the manifest")
+            })?;
+        let state: AcceleratorState = serde_json::from_slice(&state_bytes)
+            .map_err(|e| AccelerateError::corrupt(dir.join(ACCELERATOR_FILE), e))?;
+        let saved: Vec<String> = files
+            .iter()
+            .map(|(n, _)| n.strip_suffix(".mpk").unwrap_or(n).to_string())
+            .collect();
+        let wanted = parts.names();
+        if let Some(missing) = wanted.iter().find(|w| !saved.iter().any(|s| s == *w)) {
+            return Err(AccelerateError::MissingPart {
+                dir: dir.to_path_buf(),
+                part: (*missing).to_string(),
+                saved,
+            });
+        }
+        if let Some(unknown) = saved.iter().find(|s| !wanted.contains(&s.as_str())) {
+            return Err(AccelerateError::UnknownPart {
+                dir: dir.to_path_buf(),
+                part: unknown.clone(),
+                expected: wanted.iter().map(|w| w.to_string()).collect(),
+            });
+        }
+        Ok((files, state))
+    }
+
+    /// Every part's file, and the Accelerator's own.
+    pub(crate) fn encode_parts(
+        &self,
+        parts: &StateParts<'_, B>,
+        mode: Mode,
+    ) -> Result<Vec<(String, Vec<u8>)>, AccelerateError> {
+        let mut files = Vec::with_capacity(parts.parts.len() + 1);
+        for (name, slot) in &parts.parts {
+            files.push((part_file(name), slot.encode(self, mode, parts)?));
+        }
         let state = AcceleratorState {
             precision: self.config.precision,
             seed: self.config.seed,
@@ -142,157 +314,37 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         };
-        let files: [(&str, Vec<u8>); 4] = [
-            (MODEL, model),
-            (OPTIMIZER, optimizer),
-            (SCHEDULER, scheduler),
-            (
-                ACCELERATOR,
-                serde_json::to_vec_pretty(&state)
-                    .map_err(|e| AccelerateError::Usage(e.to_string()))?,
-            ),
-        ];
-        write_atomically(dir, &files)
+        let json = serde_json::to_vec_pretty(&state).map_err(|e| AccelerateError::InvalidPart {
+            part: ACCELERATOR_PART.into(),
+            reason: e.to_string(),
+        })?;
+        files.push((ACCELERATOR_FILE.to_string(), json));
+        Ok(files)
     }
 
-    /// Restores a state saved by [`save_state`](Self::save_state): returns the model, optimizer
-    /// and scheduler and restores this Accelerator's counters, loss scale, RNG stream and data
-    /// position. Every file is verified first; on any error nothing is changed. Under `zero-1`
-    /// and `fsdp` each rank loads its own directory (pass the model `setup` returned); if any
-    /// rank cannot, every rank returns an error and none changes.
-    pub fn load_state<M, O, S>(
-        &mut self,
-        dir: impl AsRef<Path>,
-        model: M,
-        optimizer: O,
-        scheduler: S,
-    ) -> Result<(M, O, S), AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        let dir = dir.as_ref();
-        if self.strategy.state_layout() == StateLayout::Replicated {
-            let decoded = self.decode(dir)?;
-            return Ok(self.apply(decoded, model, optimizer, scheduler));
+    /// Errors when saving now would lose pending gradients.
+    fn check_not_mid_cycle(&self) -> Result<(), AccelerateError> {
+        match self.pending_micro_batches() {
+            0 => Ok(()),
+            pending => Err(AccelerateError::CallOrder(format!(
+                "save_state() in the middle of an accumulation cycle would lose {pending} \
+                 pending micro-batch gradients; save right after a step()"
+            ))),
         }
-        if self.strategy.loads_full_state() {
-            let full = dir.join(MANIFEST).is_file();
-            // Every rank must take the same path (each runs collectives).
-            if !self.same_on_every_rank(&[f64::from(u8::from(full))])? {
-                return Err(AccelerateError::Usage(format!(
-                    "load_state: the ranks do not see the same state at {} (a full state on \
-                     some, a sharded one on others)",
-                    dir.display()
-                )));
-            }
-            if full {
-                return self.load_full_state(dir, model, optimizer, scheduler);
-            }
+    }
+
+    /// Errors when `dir` exists but is not a state directory (it is never replaced then).
+    pub(crate) fn check_save_target(&self, dir: &Path) -> Result<(), AccelerateError> {
+        if dir.exists() && !dir.join(MANIFEST).is_file() {
+            return Err(AccelerateError::NotAStateDir {
+                dir: dir.to_path_buf(),
+            });
         }
-        self.load_sharded_state(dir, model, optimizer, scheduler)
+        Ok(())
     }
 
-    /// Reads and decodes a state directory without changing anything.
-    pub(crate) fn decode<M, O, S>(&self, dir: &Path) -> Result<Decoded<B, M, O, S>, AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        self.decode_with(dir, |_, optimizer| Ok(optimizer))
-    }
-
-    /// [`decode`](Self::decode), with the encoded optimizer record passed through
-    /// `optimizer_bytes(model_bytes, optimizer_bytes)` first.
-    pub(crate) fn decode_with<M, O, S>(
-        &self,
-        dir: &Path,
-        optimizer_bytes: impl FnOnce(&[u8], Vec<u8>) -> Result<Vec<u8>, AccelerateError>,
-    ) -> Result<Decoded<B, M, O, S>, AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        let files = read_verified(dir)?;
-        let get = |name: &str| -> Result<Vec<u8>, AccelerateError> {
-            files
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, b)| b.clone())
-                .ok_or_else(|| {
-                    AccelerateError::corrupt(dir.join(name), "missing from the manifest")
-                })
-        };
-        let state: AcceleratorState = serde_json::from_slice(&get(ACCELERATOR)?)
-            .map_err(|e| AccelerateError::corrupt(dir.join(ACCELERATOR), e))?;
-        let recorder = StateRecorder::default();
-        let decode = |name: &str| {
-            let path = dir.join(name);
-            move |e: burn::record::RecorderError| AccelerateError::corrupt(path, e)
-        };
-        let model_bytes = get(MODEL)?;
-        let optimizer = optimizer_bytes(&model_bytes, get(OPTIMIZER)?)?;
-        let model =
-            Recorder::<B>::load(&recorder, model_bytes, &self.device).map_err(decode(MODEL))?;
-        let optimizer =
-            Recorder::<B>::load(&recorder, optimizer, &self.device).map_err(decode(OPTIMIZER))?;
-        let scheduler = Recorder::<B>::load(&recorder, get(SCHEDULER)?, &self.device)
-            .map_err(decode(SCHEDULER))?;
-        let mut scaler = self.scaler.clone();
-        if let (Some(scaler), Some(saved)) = (&mut scaler, state.scaler) {
-            scaler.load_state(saved)?;
-        }
-        Ok(Decoded {
-            state,
-            scaler,
-            model,
-            optimizer,
-            scheduler,
-        })
-    }
-
-    /// Applies a decoded state (cannot fail).
-    pub(crate) fn apply<M, O, S>(
-        &mut self,
-        decoded: Decoded<B, M, O, S>,
-        model: M,
-        optimizer: O,
-        scheduler: S,
-    ) -> (M, O, S)
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        let (loaded, saved) = self.load_records(decoded, model, optimizer, scheduler);
-        self.restore(saved);
-        loaded
-    }
-
-    /// The model, optimizer and scheduler with the decoded records loaded, and what
-    /// [`restore`](Self::restore) then gives the Accelerator (nothing here changes yet).
-    pub(crate) fn load_records<M, O, S>(
-        &self,
-        decoded: Decoded<B, M, O, S>,
-        model: M,
-        optimizer: O,
-        scheduler: S,
-    ) -> ((M, O, S), Restored)
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-        S: LrScheduler,
-    {
-        let Decoded {
-            state,
-            scaler,
-            model: model_record,
-            optimizer: optim_record,
-            scheduler: sched_record,
-        } = decoded;
+    /// Gives the Accelerator the loaded counters, loss scaler, seed and data position.
+    fn restore(&mut self, state: AcceleratorState, scaler: Option<GradScaler>) {
         if state.precision != self.config.precision {
             tracing::warn!(saved = %state.precision, now = %self.config.precision, "resuming under another precision");
         }
@@ -303,18 +355,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 "resuming with the saved seed"
             );
         }
-        let model = self.to_param_dtype(model.load_record(model_record));
-        let loaded = (
-            model,
-            optimizer.load_record(optim_record),
-            scheduler.load_record::<B>(sched_record),
-        );
-        (loaded, Restored { state, scaler })
-    }
-
-    /// Gives the Accelerator the loaded counters, loss scaler, seed and data position.
-    pub(crate) fn restore(&mut self, restored: Restored) {
-        let Restored { state, scaler } = restored;
         self.scaler = scaler;
         self.config.seed = state.seed;
         self.counters = state.counters;
@@ -326,18 +366,24 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 }
 
-/// What a load gives the Accelerator once nothing else can fail.
-pub(crate) struct Restored {
-    state: AcceleratorState,
-    scaler: Option<afterburner_precision::GradScaler>,
+/// Takes the bytes of file `name` out of `files` (empty if absent: checked before).
+fn take_file(files: &mut Vec<(String, Vec<u8>)>, name: &str) -> Vec<u8> {
+    match files.iter().position(|(n, _)| n == name) {
+        Some(i) => files.swap_remove(i).1,
+        None => Vec::new(),
+    }
 }
 
 /// Encodes a record the way state files hold it.
 pub(crate) fn encode<B: AutodiffBackend, R: burn::record::Record<B>>(
     record: R,
 ) -> Result<Vec<u8>, AccelerateError> {
-    Recorder::<B>::record(&StateRecorder::default(), record, ())
-        .map_err(|e| AccelerateError::Usage(format!("encoding state: {e}")))
+    Recorder::<B>::record(&StateRecorder::default(), record, ()).map_err(|e| {
+        AccelerateError::InvalidPart {
+            part: std::any::type_name::<R>().into(),
+            reason: format!("encoding: {e}"),
+        }
+    })
 }
 
 /// Decodes a record the way state files hold it (`path` names it in errors).
@@ -348,18 +394,4 @@ pub(crate) fn decode_record<B: AutodiffBackend, R: burn::record::Record<B>>(
 ) -> Result<R, AccelerateError> {
     Recorder::<B>::load(&StateRecorder::default(), bytes, device)
         .map_err(|e| AccelerateError::corrupt(path, e))
-}
-
-/// A state read back, not applied yet.
-pub(crate) struct Decoded<
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    O: Optimizer<M, B>,
-    S: LrScheduler,
-> {
-    pub(crate) state: AcceleratorState,
-    scaler: Option<afterburner_precision::GradScaler>,
-    model: M::Record,
-    optimizer: O::Record,
-    scheduler: S::Record<B>,
 }

@@ -42,7 +42,7 @@ fn unique_sibling(dir: &Path, tag: &str) -> PathBuf {
 
 pub(crate) fn write_atomically(
     dir: &Path,
-    files: &[(&str, Vec<u8>)],
+    files: &[(String, Vec<u8>)],
 ) -> Result<(), AccelerateError> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(|e| AccelerateError::io("creating", parent, e))?;
@@ -54,7 +54,7 @@ pub(crate) fn write_atomically(
         for (name, bytes) in files {
             write_synced(&tmp.join(name), bytes)?;
             entries.push(FileEntry {
-                name: (*name).to_string(),
+                name: name.clone(),
                 bytes: bytes.len() as u64,
                 crc32: crc32fast::hash(bytes),
             });
@@ -63,8 +63,11 @@ pub(crate) fn write_atomically(
             format: FORMAT.to_string(),
             files: entries,
         };
-        let json = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| AccelerateError::Usage(e.to_string()))?;
+        let json =
+            serde_json::to_vec_pretty(&manifest).map_err(|e| AccelerateError::InvalidPart {
+                part: MANIFEST.into(),
+                reason: e.to_string(),
+            })?;
         write_synced(&tmp.join(MANIFEST), &json)?;
         let old = unique_sibling(dir, "old");
         let had_old = dir.exists();

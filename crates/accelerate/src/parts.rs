@@ -1,0 +1,467 @@
+//! The training state as a set of named parts: models, optimizers, LR schedulers and any
+//! [`Stateful`] object (a Trainer's counters, DiLoCo's outer optimizer), each saved as its own
+//! checksummed file by [`Accelerator::save_parts`](crate::Accelerator::save_parts) and restored
+//! in place by [`Accelerator::load_parts`](crate::Accelerator::load_parts), like Accelerate's
+//! `register_for_checkpointing`.
+//!
+//! Loading is two-phase: every part is decoded and checked first ("staged"); only when all of
+//! them succeeded on every rank is anything replaced ("committed").
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::path::Path;
+
+use afterburner_parallel::TrainingStrategy;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::tensor::backend::AutodiffBackend;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::state::{decode_record, encode};
+use crate::{AccelerateError, Accelerator};
+
+/// An object saved with the training state as one named part. Every `serde` type is
+/// `Stateful` (saved as named MessagePack: exact floats, NaN included); implement it by hand
+/// for anything else.
+pub trait Stateful: Sized {
+    /// This object's state as bytes.
+    fn to_state_bytes(&self) -> Result<Vec<u8>, String>;
+
+    /// This object with `bytes` (from [`to_state_bytes`](Self::to_state_bytes)) loaded, as a
+    /// new value: `self` stays unchanged until every part of the state has loaded.
+    fn with_state_bytes(&self, bytes: &[u8]) -> Result<Self, String>;
+}
+
+impl<T: Serialize + DeserializeOwned> Stateful for T {
+    fn to_state_bytes(&self) -> Result<Vec<u8>, String> {
+        rmp_serde::to_vec_named(self).map_err(|e| e.to_string())
+    }
+
+    fn with_state_bytes(&self, bytes: &[u8]) -> Result<Self, String> {
+        rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+    }
+}
+
+/// The named parts of a training state, borrowed for one save or load:
+///
+/// ```ignore
+/// let mut parts = StateParts::new()
+///     .model("model", &mut model)
+///     .optimizer("optimizer", &mut optim)
+///     .optimizer("critic_optimizer", &mut critic_optim)
+///     .scheduler("scheduler", &mut lr)
+///     .stateful("trainer", &mut counters);
+/// acc.save_parts(&dir, &mut parts)?;
+/// // later, in a fresh run built the same way:
+/// acc.load_parts(&dir, &mut parts)?;
+/// ```
+///
+/// A name is letters, digits, `-` and `_`, unique, and not `accelerator` (the Accelerator's
+/// own part: counters, loss scale, seed, data position). Loading needs exactly the parts the
+/// state holds: a missing or an unknown part is an error naming it.
+pub struct StateParts<'a, B: AutodiffBackend> {
+    pub(crate) parts: Vec<Part<'a, B>>,
+}
+
+/// A named part.
+pub(crate) type Part<'a, B> = (String, Box<dyn Slot<B> + 'a>);
+
+impl<B: AutodiffBackend> Default for StateParts<'_, B> {
+    fn default() -> Self {
+        Self { parts: Vec::new() }
+    }
+}
+
+impl<'a, B: AutodiffBackend> StateParts<'a, B> {
+    /// No parts yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A model (the one `setup`/`step` returned). Under a strategy that gathers a full state
+    /// (FSDP with `state_dict_type = "full"`), its optimizers are gathered with it.
+    pub fn model<M: AutodiffModule<B> + 'static>(mut self, name: &str, model: &'a mut M) -> Self {
+        self.push(
+            name,
+            ModelSlot {
+                model,
+                staged: None,
+            },
+        );
+        self
+    }
+
+    /// An optimizer of a model of type `M` (paired with the first model part of that type).
+    pub fn optimizer<M, O>(mut self, name: &str, optimizer: &'a mut O) -> Self
+    where
+        M: AutodiffModule<B> + 'static,
+        O: Optimizer<M, B>,
+    {
+        self.push(
+            name,
+            OptimizerSlot {
+                optimizer,
+                staged: None,
+                model: PhantomData::<M>,
+            },
+        );
+        self
+    }
+
+    /// An LR scheduler.
+    pub fn scheduler<S: LrScheduler>(mut self, name: &str, scheduler: &'a mut S) -> Self {
+        self.push(
+            name,
+            SchedulerSlot {
+                scheduler,
+                staged: None,
+            },
+        );
+        self
+    }
+
+    /// Any [`Stateful`] object (every serde type is one).
+    pub fn stateful<T: Stateful>(mut self, name: &str, value: &'a mut T) -> Self {
+        self.push(
+            name,
+            StatefulSlot {
+                value,
+                staged: None,
+            },
+        );
+        self
+    }
+
+    fn push(&mut self, name: &str, slot: impl Slot<B> + 'a) {
+        self.parts.push((name.to_string(), Box::new(slot)));
+    }
+
+    /// The part names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.parts.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// Errors on a name that is empty, not plain, reserved or repeated.
+    pub(crate) fn check_names(&self) -> Result<(), AccelerateError> {
+        for (i, (name, _)) in self.parts.iter().enumerate() {
+            let plain = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            let reason = if !plain {
+                "a part name is letters, digits, '-' and '_'"
+            } else if name == ACCELERATOR_PART {
+                "'accelerator' is the Accelerator's own part"
+            } else if self.parts[..i].iter().any(|(n, _)| n == name) {
+                "the name is used twice"
+            } else {
+                continue;
+            };
+            return Err(AccelerateError::InvalidPart {
+                part: name.clone(),
+                reason: reason.into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The model part of type `M` (the first), for an optimizer of it.
+    pub(crate) fn model_of<M: 'static>(&self) -> Option<&M> {
+        self.parts
+            .iter()
+            .find_map(|(_, s)| s.model()?.downcast_ref())
+    }
+}
+
+/// The reserved name of the Accelerator's own part.
+pub(crate) const ACCELERATOR_PART: &str = "accelerator";
+
+/// The file a part is saved in.
+pub(crate) fn part_file(name: &str) -> String {
+    format!("{name}.mpk")
+}
+
+/// Whether a save gathers full tensors (and so every rank runs the part's collectives).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Each rank's own values.
+    Local,
+    /// Gathered from every rank (every rank calls, in the same order).
+    Gathered,
+}
+
+/// One part, type-erased: how it encodes, stages a load and commits it.
+pub(crate) trait Slot<B: AutodiffBackend> {
+    /// The part's bytes. `parts` gives an optimizer its model (gathered mode).
+    fn encode(
+        &self,
+        acc: &Accelerator<B>,
+        mode: Mode,
+        parts: &StateParts<'_, B>,
+    ) -> Result<Vec<u8>, AccelerateError>;
+
+    /// Collectives a gathered load needs before any part decodes (so a part that fails to
+    /// decode on one rank cannot leave the others waiting in a collective).
+    fn prepare_load(&mut self, _acc: &Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        Ok(())
+    }
+
+    /// Decodes `bytes` and keeps the result; changes nothing visible.
+    fn stage(
+        &mut self,
+        acc: &Accelerator<B>,
+        mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError>;
+
+    /// Replaces the borrowed object with the staged one.
+    fn commit(&mut self, acc: &mut Accelerator<B>, mode: Mode) -> Result<(), AccelerateError>;
+
+    /// The model, for model parts.
+    fn model(&self) -> Option<&dyn Any> {
+        None
+    }
+
+    /// The staged model, for model parts.
+    fn staged_model(&self) -> Option<&dyn Any> {
+        None
+    }
+
+    /// Whether this is a model part (staged first).
+    fn is_model(&self) -> bool {
+        false
+    }
+}
+
+struct ModelSlot<'a, M> {
+    model: &'a mut M,
+    /// Under a gathered load: the full-shaped model first, then with the record loaded.
+    staged: Option<M>,
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'_, M> {
+    fn encode(
+        &self,
+        acc: &Accelerator<B>,
+        mode: Mode,
+        _parts: &StateParts<'_, B>,
+    ) -> Result<Vec<u8>, AccelerateError> {
+        let model = match mode {
+            Mode::Local => self.model.clone(),
+            Mode::Gathered => acc.strategy.full_model(&*self.model)?,
+        };
+        encode::<B, _>(model.into_record())
+    }
+
+    fn prepare_load(&mut self, acc: &Accelerator<B>, mode: Mode) -> Result<(), AccelerateError> {
+        if mode == Mode::Gathered {
+            self.staged = Some(acc.strategy.full_model(&*self.model)?);
+        }
+        Ok(())
+    }
+
+    fn stage(
+        &mut self,
+        acc: &Accelerator<B>,
+        _mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        _models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        let record = decode_record::<B, M::Record>(bytes, &acc.device, path)?;
+        let template = self.staged.take().unwrap_or_else(|| self.model.clone());
+        self.staged = Some(template.load_record(record));
+        Ok(())
+    }
+
+    fn commit(&mut self, acc: &mut Accelerator<B>, mode: Mode) -> Result<(), AccelerateError> {
+        let Some(loaded) = self.staged.take() else {
+            return Ok(());
+        };
+        let loaded = acc.to_param_dtype(loaded);
+        let loaded = match mode {
+            Mode::Local => loaded,
+            Mode::Gathered => acc.strategy.shard_full_state(loaded)?,
+        };
+        acc.strategy.after_load(&loaded)?;
+        *self.model = loaded;
+        Ok(())
+    }
+
+    fn model(&self) -> Option<&dyn Any> {
+        Some(&*self.model)
+    }
+
+    fn staged_model(&self) -> Option<&dyn Any> {
+        self.staged.as_ref().map(|m| m as &dyn Any)
+    }
+
+    fn is_model(&self) -> bool {
+        true
+    }
+}
+
+struct OptimizerSlot<'a, M, O: Optimizer<M, B>, B: AutodiffBackend>
+where
+    M: AutodiffModule<B>,
+{
+    optimizer: &'a mut O,
+    staged: Option<O::Record>,
+    model: PhantomData<M>,
+}
+
+impl<B, M, O> OptimizerSlot<'_, M, O, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + 'static,
+    O: Optimizer<M, B>,
+{
+    fn no_model() -> AccelerateError {
+        AccelerateError::InvalidPart {
+            part: std::any::type_name::<O>().into(),
+            reason: format!(
+                "a full (gathered) state saves an optimizer with its model: add the {} as a \
+                 model part",
+                std::any::type_name::<M>()
+            ),
+        }
+    }
+}
+
+impl<B, M, O> Slot<B> for OptimizerSlot<'_, M, O, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + 'static,
+    O: Optimizer<M, B>,
+{
+    fn encode(
+        &self,
+        acc: &Accelerator<B>,
+        mode: Mode,
+        parts: &StateParts<'_, B>,
+    ) -> Result<Vec<u8>, AccelerateError> {
+        let bytes = encode::<B, _>(self.optimizer.to_record())?;
+        match mode {
+            Mode::Local => Ok(bytes),
+            Mode::Gathered => {
+                let model = parts.model_of::<M>().ok_or_else(Self::no_model)?;
+                Ok(acc
+                    .strategy
+                    .gather_optimizer_record(model, bytes, &acc.device)?)
+            }
+        }
+    }
+
+    fn stage(
+        &mut self,
+        acc: &Accelerator<B>,
+        mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        let bytes = match mode {
+            Mode::Local => bytes,
+            Mode::Gathered => {
+                // The record names parameters by the ids of the model just loaded.
+                let full = models
+                    .iter()
+                    .find_map(|(_, slot)| slot.staged_model()?.downcast_ref::<M>())
+                    .ok_or_else(Self::no_model)?;
+                acc.strategy.shard_optimizer_record(full, bytes)?
+            }
+        };
+        self.staged = Some(decode_record::<B, O::Record>(bytes, &acc.device, path)?);
+        Ok(())
+    }
+
+    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        if let Some(record) = self.staged.take() {
+            *self.optimizer = self.optimizer.clone().load_record(record);
+        }
+        Ok(())
+    }
+}
+
+struct SchedulerSlot<'a, S: LrScheduler, B: AutodiffBackend> {
+    scheduler: &'a mut S,
+    staged: Option<S::Record<B>>,
+}
+
+impl<B: AutodiffBackend, S: LrScheduler> Slot<B> for SchedulerSlot<'_, S, B> {
+    fn encode(
+        &self,
+        _acc: &Accelerator<B>,
+        _mode: Mode,
+        _parts: &StateParts<'_, B>,
+    ) -> Result<Vec<u8>, AccelerateError> {
+        encode::<B, _>(self.scheduler.to_record::<B>())
+    }
+
+    fn stage(
+        &mut self,
+        acc: &Accelerator<B>,
+        _mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        _models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        self.staged = Some(decode_record::<B, S::Record<B>>(bytes, &acc.device, path)?);
+        Ok(())
+    }
+
+    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        if let Some(record) = self.staged.take() {
+            *self.scheduler = self.scheduler.clone().load_record::<B>(record);
+        }
+        Ok(())
+    }
+}
+
+struct StatefulSlot<'a, T> {
+    value: &'a mut T,
+    staged: Option<T>,
+}
+
+impl<B: AutodiffBackend, T: Stateful> Slot<B> for StatefulSlot<'_, T> {
+    fn encode(
+        &self,
+        _acc: &Accelerator<B>,
+        _mode: Mode,
+        _parts: &StateParts<'_, B>,
+    ) -> Result<Vec<u8>, AccelerateError> {
+        self.value
+            .to_state_bytes()
+            .map_err(|reason| AccelerateError::InvalidPart {
+                part: std::any::type_name::<T>().into(),
+                reason: format!("encoding: {reason}"),
+            })
+    }
+
+    fn stage(
+        &mut self,
+        _acc: &Accelerator<B>,
+        _mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        _models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        let loaded = self
+            .value
+            .with_state_bytes(&bytes)
+            .map_err(|e| AccelerateError::corrupt(path, e))?;
+        self.staged = Some(loaded);
+        Ok(())
+    }
+
+    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        if let Some(loaded) = self.staged.take() {
+            *self.value = loaded;
+        }
+        Ok(())
+    }
+}

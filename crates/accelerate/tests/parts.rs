@@ -1,0 +1,274 @@
+//! Named state parts: a user's `Stateful` part (a counter and a Vec<f32>) and a second
+//! optimizer are saved and restored with the model, bitwise, on one device and on 2 ranks
+//! (ZeRO-1 and FSDP one part per rank, FSDP gathered); a missing or an unknown part is an error
+//! naming it, and nothing changes.
+
+mod common;
+
+use std::path::PathBuf;
+
+use afterburner::data::digits;
+use afterburner::models::Vit;
+use afterburner::{
+    AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
+    Strategy,
+};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig};
+use burn::tensor::ElementConversion;
+use common::*;
+use serde::{Deserialize, Serialize};
+
+type Optim = OptimizerAdaptor<AdamW, Vit<B>, B>;
+
+/// A user's own training state: saved as a part because it is a serde type.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Tally {
+    steps: u64,
+    losses: Vec<f32>,
+}
+
+/// One run's model, its two optimizers (even steps use `fast`, odd steps `slow`), the LR and
+/// the tally.
+struct Run {
+    model: Vit<B>,
+    fast: Optim,
+    slow: Optim,
+    lr: f64,
+    tally: Tally,
+}
+
+impl Run {
+    /// From `initial` (built before any worker starts: Flex has one RNG per process).
+    fn new(acc: &Accelerator<B>, initial: Vit<B>) -> Result<Self, AccelerateError> {
+        let (model, fast) = acc.setup(initial, AdamWConfig::new().init())?;
+        let slow = AdamWConfig::new().with_beta_1(0.5).init();
+        Ok(Self {
+            model,
+            fast,
+            slow,
+            lr: 2e-3,
+            tally: Tally::default(),
+        })
+    }
+
+    fn parts(&mut self) -> StateParts<'_, B> {
+        StateParts::new()
+            .model("model", &mut self.model)
+            .optimizer::<Vit<B>, _>("optimizer", &mut self.fast)
+            .optimizer::<Vit<B>, _>("slow_optimizer", &mut self.slow)
+            .scheduler("scheduler", &mut self.lr)
+            .stateful("tally", &mut self.tally)
+    }
+
+    /// Trains until `until` optimizer steps (48 digits, batches of 8: 6 steps an epoch),
+    /// continuing from the Accelerator's data position.
+    fn train_until(&mut self, acc: &mut Accelerator<B>, until: u64) -> Result<(), AccelerateError> {
+        let items = digits::load()?[..48].to_vec();
+        let loader = acc.dataloader(items, BATCHER, 8)?;
+        let (mut epoch, mut start) = acc.data_position();
+        while acc.counters().optimizer_steps < until {
+            for batch in loader.epoch_from(epoch, start) {
+                let logits = acc.forward(&self.model, batch.images.clone(), |m, x| m.forward(x))?;
+                let loss = cross_entropy(logits, &batch);
+                self.tally.losses.push(loss.clone().into_scalar().elem());
+                acc.backward(loss, &self.model)?;
+                let optim = match acc.counters().optimizer_steps % 2 {
+                    0 => &mut self.fast,
+                    _ => &mut self.slow,
+                };
+                self.model = acc.step(self.model.clone(), optim, &mut self.lr)?;
+                self.tally.steps += 1;
+                if acc.counters().optimizer_steps == until {
+                    return Ok(());
+                }
+            }
+            (epoch, start) = (epoch + 1, 0);
+        }
+        Ok(())
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("afterburner-parts-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The full parameters and the tally after 8 steps: straight, or 4 steps + `save_parts`, then
+/// a fresh Accelerator and run from other weights + `load_parts` + 4 steps.
+fn eight_steps(
+    config: &AcceleratorConfig,
+    world: usize,
+    dir: Option<PathBuf>,
+) -> Vec<(Vec<f32>, Tally)> {
+    let phase = |seed: u64, load: Option<PathBuf>, save: Option<PathBuf>, until: u64| {
+        let initial = vit(seed);
+        let body = move |mut acc: Accelerator<B>| -> Result<(Vec<f32>, Tally), AccelerateError> {
+            let mut run = Run::new(&acc, initial.clone())?;
+            if let Some(dir) = &load {
+                acc.load_parts(dir, &mut run.parts())?;
+                assert_eq!(acc.counters().optimizer_steps, 4);
+                assert_eq!(run.tally.steps, 4, "the user's part is restored");
+            }
+            run.train_until(&mut acc, until)?;
+            if let Some(dir) = &save {
+                acc.save_parts(dir, &mut run.parts())?;
+            }
+            Ok((flatten(&params(&acc.full_model(&run.model)?)), run.tally))
+        };
+        match world {
+            1 => vec![body(Accelerator::new(config.clone(), Default::default()).unwrap()).unwrap()],
+            _ => Accelerator::<B>::launch(config.clone(), vec![Default::default(); world], body)
+                .unwrap(),
+        }
+    };
+    match dir {
+        None => phase(8, None, None, 8),
+        Some(dir) => {
+            phase(8, None, Some(dir.clone()), 4);
+            phase(9, Some(dir), None, 8)
+        }
+    }
+}
+
+/// With `from_rank0`, the state held rank 0's `Stateful` parts only (a replicated or gathered
+/// layout): every rank resumed with rank 0's tally.
+fn assert_bitwise(
+    resumed: &[(Vec<f32>, Tally)],
+    straight: &[(Vec<f32>, Tally)],
+    what: &str,
+    from_rank0: bool,
+) {
+    assert_eq!(resumed.len(), straight.len());
+    for (rank, ((got, got_tally), (want, want_tally))) in resumed.iter().zip(straight).enumerate() {
+        let differing = got
+            .iter()
+            .zip(want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differing, 0,
+            "{what}, rank {rank}: {differing} values differ"
+        );
+        assert_eq!(got_tally.steps, 8, "{what}, rank {rank}");
+        let saved = if from_rank0 {
+            &straight[0].1
+        } else {
+            want_tally
+        };
+        assert_eq!(
+            got_tally.losses[..4],
+            saved.losses[..4],
+            "{what}, rank {rank}: saved"
+        );
+        assert_eq!(
+            got_tally.losses[4..],
+            want_tally.losses[4..],
+            "{what}, rank {rank}"
+        );
+    }
+}
+
+fn distributed(strategy: Strategy, state_dict_type: StateDictType) -> AcceleratorConfig {
+    AcceleratorConfig {
+        strategy,
+        fsdp: FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+            state_dict_type,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_stateful_part_and_a_second_optimizer_resume_bitwise_on_one_device() {
+    let _rng = rng_lock();
+    let config = AcceleratorConfig::default();
+    let dir = temp_dir("single");
+    let straight = eight_steps(&config, 1, None);
+    let resumed = eight_steps(&config, 1, Some(dir.clone()));
+    assert_bitwise(&resumed, &straight, "single device", false);
+    for part in ["model", "optimizer", "slow_optimizer", "scheduler", "tally"] {
+        assert!(dir.join(format!("{part}.mpk")).is_file(), "{part} saved");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn parts_resume_bitwise_sharded_and_gathered_on_two_ranks() {
+    let _rng = rng_lock();
+    for (name, config) in [
+        (
+            "zero-1",
+            distributed(Strategy::Zero1, StateDictType::Sharded),
+        ),
+        ("fsdp", distributed(Strategy::Fsdp, StateDictType::Sharded)),
+        (
+            "fsdp-full",
+            distributed(Strategy::Fsdp, StateDictType::Full),
+        ),
+    ] {
+        let dir = temp_dir(name);
+        let straight = eight_steps(&config, 2, None);
+        let resumed = eight_steps(&config, 2, Some(dir.clone()));
+        assert_bitwise(&resumed, &straight, name, name == "fsdp-full");
+        let full = dir.join("slow_optimizer.mpk").is_file();
+        assert_eq!(
+            full,
+            name == "fsdp-full",
+            "{name}: one gathered state or one per rank"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn a_missing_or_unknown_part_is_a_named_error_and_changes_nothing() {
+    let _rng = rng_lock();
+    let dir = temp_dir("names");
+    let mut acc = Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
+    let mut run = Run::new(&acc, vit(8)).unwrap();
+    run.train_until(&mut acc, 2).unwrap();
+    acc.save_parts(&dir, &mut run.parts()).unwrap();
+
+    let mut fresh_acc =
+        Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
+    let mut fresh = Run::new(&fresh_acc, vit(9)).unwrap();
+    let before = flatten(&params(&fresh.model));
+    // The state holds `tally` and `slow_optimizer`, which the classic three do not name.
+    let Err(err) = fresh_acc.load_state(&dir, fresh.model.clone(), fresh.fast.clone(), fresh.lr)
+    else {
+        panic!("a state with parts the call does not name must not load");
+    };
+    assert!(
+        matches!(&err, AccelerateError::UnknownPart { part, .. } if part == "slow_optimizer" || part == "tally"),
+        "{err}"
+    );
+    // A part the state lacks.
+    let mut extra = Tally::default();
+    let err = fresh_acc
+        .load_parts(&dir, &mut fresh.parts().stateful("extra", &mut extra))
+        .unwrap_err();
+    assert!(
+        matches!(&err, AccelerateError::MissingPart { part, .. } if part == "extra"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("extra"), "{err}");
+    assert_eq!(fresh_acc.counters().optimizer_steps, 0, "nothing applied");
+    assert_eq!(fresh.tally, Tally::default(), "nothing applied");
+    assert_eq!(flatten(&params(&fresh.model)), before, "nothing applied");
+    // Bad names are refused before anything is written.
+    let mut other = Tally::default();
+    for bad in ["", "a/b", "accelerator", "tally"] {
+        let err = acc
+            .save_parts(&dir, &mut run.parts().stateful(bad, &mut other))
+            .unwrap_err();
+        assert!(
+            matches!(err, AccelerateError::InvalidPart { .. }),
+            "{bad}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
