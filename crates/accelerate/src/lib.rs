@@ -19,6 +19,8 @@
 //!
 //! Local SGD and the Trainer come in their own crates and issues.
 
+#![warn(missing_docs)]
+
 mod accelerator;
 mod config;
 pub mod data;

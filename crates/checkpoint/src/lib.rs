@@ -19,6 +19,8 @@
 //! Works under mixed precision (a block in a half view recomputes in the same dtype) and
 //! gradient accumulation. See `docs/checkpointing.md` for the design and measured figures.
 
+#![warn(missing_docs)]
+
 mod autodiff;
 mod derived;
 mod engine;

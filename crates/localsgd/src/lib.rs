@@ -2,3 +2,5 @@
 //! alone and average parameters every K steps (DiLoCo adds an outer Nesterov step).
 //!
 //! Not built yet: this crate is empty until its issue lands. It holds no API today, on purpose.
+
+#![warn(missing_docs)]

@@ -16,12 +16,16 @@
 //! - [`MpiGroup`] + [`launch_mpi`] (feature `mpi`): one rank per process over MPI, started by
 //!   `mpirun` on one machine or several; a failing rank aborts the whole job.
 
+#![warn(missing_docs)]
+
 mod ddp;
 mod error;
 mod fsdp;
 mod group;
 mod launch;
 mod local;
+#[cfg(all(feature = "mpi", feature = "testing"))]
+mod loopback;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod sampler;
@@ -35,8 +39,10 @@ pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, 
 pub use group::{ProcessGroup, ReduceOp};
 pub use launch::{LaunchConfig, launch, local_devices};
 pub use local::LocalGroup;
+#[cfg(all(feature = "mpi", feature = "testing"))]
+pub use loopback::{LoopbackRun, run_on_loopback};
 #[cfg(feature = "mpi")]
-pub use mpi::{LOOPBACK_MPIRUN_FLAGS, LoopbackRun, MpiGroup, launch_mpi, run_on_loopback};
+pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
 pub use strategy::{ForwardView, SingleDevice, StateLayout, TrainingStrategy};

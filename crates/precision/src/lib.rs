@@ -18,6 +18,8 @@
 //! assert!("bf16-mixd".parse::<Precision>().is_err());
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod autocast;
 mod error;
 pub mod grads;
