@@ -18,6 +18,16 @@
 //!
 //! Works under mixed precision (a block in a half view recomputes in the same dtype) and
 //! gradient accumulation. See `docs/checkpointing.md` for the design and measured figures.
+//!
+//! ## Alone, in a plain Burn loop
+//!
+//! `Checkpointed` blocks in an ordinary Burn loop, gradients equal to the plain model's,
+//! without the `afterburner` facade (`examples/plain_loop.rs`, run as this doctest; `cargo run
+//! -p afterburner-checkpoint --example plain_loop`):
+//!
+//! ```
+#![doc = include_str!("../examples/plain_loop.rs")]
+//! ```
 
 #![warn(missing_docs)]
 

@@ -15,6 +15,16 @@
 //! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
 //! - [`MpiGroup`] + [`launch_mpi`] (feature `mpi`): one rank per process over MPI, started by
 //!   `mpirun` on one machine or several; a failing rank aborts the whole job.
+//!
+//! ## Alone, in a plain Burn loop
+//!
+//! DDP on 2 worker threads with `launch`, `Ddp` and `DistributedSampler` in an ordinary Burn
+//! loop, without the `afterburner` facade (`examples/plain_loop.rs`, run as this doctest;
+//! `cargo run -p afterburner-parallel --example plain_loop`):
+//!
+//! ```
+#![doc = include_str!("../examples/plain_loop.rs")]
+//! ```
 
 #![warn(missing_docs)]
 

@@ -17,6 +17,16 @@
 //! assert!(p.is_mixed());
 //! assert!("bf16-mixd".parse::<Precision>().is_err());
 //! ```
+//!
+//! ## Alone, in a plain Burn loop
+//!
+//! bf16-mixed and 16-mixed with a `GradScaler` in an ordinary Burn loop, without the
+//! `afterburner` facade (`examples/plain_loop.rs`, run as this doctest; `cargo run -p
+//! afterburner-precision --example plain_loop`):
+//!
+//! ```
+#![doc = include_str!("../examples/plain_loop.rs")]
+//! ```
 
 #![warn(missing_docs)]
 

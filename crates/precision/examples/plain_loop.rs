@@ -1,0 +1,93 @@
+// afterburner-precision alone, in a plain Burn loop (no facade): the forward pass runs on a
+// half view of an f32 model (bf16-mixed, or 16-mixed with a GradScaler), the loss and the
+// optimizer stay in f32. `cargo run -p afterburner-precision --example plain_loop`.
+use afterburner_precision::{
+    CastFloats, GradScaler, GradScalerConfig, Precision, PrecisionError, autocast_view, grads,
+};
+use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Distribution, ElementConversion, Tensor};
+
+type B = Autodiff<Flex>;
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    hidden: Linear<B>,
+    out: Linear<B>,
+    act: Relu,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.out.forward(self.act.forward(self.hidden.forward(x)))
+    }
+}
+
+/// Trains a small regression for `steps` steps under `precision`; returns (first, last) loss.
+fn train(precision: &str, steps: usize) -> Result<(f32, f32), PrecisionError> {
+    let device = Default::default();
+    let precision: Precision = precision.parse()?;
+    precision.check_backend::<B>(&device)?;
+    B::seed(&device, 0);
+    let mut model = Mlp {
+        hidden: LinearConfig::new(8, 32).init(&device),
+        out: LinearConfig::new(32, 1).init(&device),
+        act: Relu::new(),
+    };
+    let mut optim = AdamConfig::new().init();
+    let mut scaler = match precision.needs_loss_scaling() {
+        true => Some(GradScaler::new(GradScalerConfig::default())?),
+        false => None,
+    };
+    let x = Tensor::<B, 2>::random([64, 8], Distribution::Normal(0.0, 1.0), &device);
+    let y = x.clone().sum_dim(1);
+    let (mut first, mut last) = (f32::NAN, f32::NAN);
+    for step in 0..steps {
+        // (1) The forward pass on a half view (same parameters, differentiable cast).
+        let compute = precision.compute_dtype();
+        let out = match precision.is_mixed() {
+            true => autocast_view(&model, compute).forward(x.clone().cast_floats(compute)),
+            false => model.forward(x.clone()),
+        };
+        // (2) The loss in f32.
+        let loss = (out.cast_floats(DType::F32) - y.clone())
+            .powi_scalar(2)
+            .mean();
+        last = loss.clone().into_scalar().elem();
+        if step == 0 {
+            first = last;
+        }
+        // (3) fp16: scale the loss, unscale the gradients, skip the step on overflow.
+        let loss = match &scaler {
+            Some(scaler) => scaler.scale_loss(loss),
+            None => loss,
+        };
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        if let Some(scaler) = &mut scaler {
+            let overflow = !scaler.unscale::<B, _>(&model, &mut grads, 1.0).is_finite();
+            scaler.update(overflow);
+            if overflow {
+                continue;
+            }
+        }
+        // (4) Global-norm clipping, which Burn 0.21 lacks, then an ordinary f32 step.
+        grads::clip_grad_norm::<B, _>(&model, &mut grads, 1.0);
+        model = optim.step(1e-2, model, grads);
+    }
+    Ok((first, last))
+}
+
+fn main() -> Result<(), PrecisionError> {
+    for precision in ["32-true", "bf16-mixed", "16-mixed"] {
+        let (first, last) = train(precision, 60)?;
+        println!("{precision}: loss {first:.4} -> {last:.4}");
+        assert!(
+            last < first / 4.0,
+            "{precision} should learn: {first} -> {last}"
+        );
+    }
+    Ok(())
+}
