@@ -12,6 +12,8 @@ fn main() {
         Some("bench") => bench::run(&args[1..]),
         #[cfg(all(feature = "mpi", feature = "flex"))]
         Some("mpi-all-reduce") => bench::mpi::rank(&args[1..]),
+        #[cfg(all(feature = "mpi", feature = "flex"))]
+        Some("mpi-fsdp-traffic") => bench::traffic::mpi_rank(),
         _ => Err(bench::USAGE.to_string()),
     };
     if let Err(e) = result {

@@ -366,6 +366,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         ),
     ];
     let rows = with_mpi_all_reduce(rows, params + tensors)?;
+    let rows = with_fsdp_traffic(rows)?;
     let mut md = format!(
         "DDP, backend `{}`, ViT (6 blocks, d_model 128; {params} parameters in {tensors} tensors), \
          AdamW, global batch {}, {} timed steps after {} warm-up, best of {} rounds. Workers are \
@@ -405,6 +406,41 @@ fn with_mpi_all_reduce(mut rows: Vec<Row>, len: usize) -> Result<Vec<Row>, Strin
 /// Without the `mpi` feature there is no MPI row.
 #[cfg(not(all(feature = "mpi", feature = "flex")))]
 fn with_mpi_all_reduce(rows: Vec<Row>, _len: usize) -> Result<Vec<Row>, String> {
+    Ok(rows)
+}
+
+/// What the engine receives per FSDP step, by collective, in-process and (feature `mpi`)
+/// over MPI: the same values either way.
+#[cfg(feature = "flex")]
+fn with_fsdp_traffic(mut rows: Vec<Row>) -> Result<Vec<Row>, String> {
+    use super::traffic::{self, Traffic};
+    let mut engines: Vec<(&str, Traffic)> = vec![("in-process", traffic::in_process()?)];
+    #[cfg(feature = "mpi")]
+    engines.push(("MPI", traffic::over_mpi()?));
+    let per_step = |v: u64| v as f64 / traffic::STEPS as f64;
+    for (engine, t) in engines {
+        for (kind, values) in [
+            ("all_gather", t.all_gather),
+            ("reduce_scatter", t.reduce_scatter),
+            ("all_reduce", t.all_reduce),
+            ("broadcast", t.broadcast),
+        ] {
+            rows.push(row(
+                &format!(
+                    "FSDP step (small ViT, 2 ranks), values rank 0 hands the {engine} engine's \
+                     {kind}"
+                ),
+                per_step(values),
+                "values/step",
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// The traffic rows need the CPU backend.
+#[cfg(not(feature = "flex"))]
+fn with_fsdp_traffic(rows: Vec<Row>) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 

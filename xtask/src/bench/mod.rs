@@ -3,13 +3,16 @@
 //! - `precision`: the small ViT under each precision next to the plain Burn loop.
 //! - `checkpoint`: activation checkpointing off / all / every-2 / selective / Burn's balanced,
 //!   on the 12-block transformer and on the ViT: step time and peak memory.
-//! - `ddp`: 1 vs 2 in-process workers, the gradient all-reduce's size and time.
+//! - `ddp`: 1 vs 2 in-process workers, the gradient all-reduce's size and time, and what the
+//!   engine receives per FSDP step, in-process and over MPI (`traffic`).
 
 mod checkpoint;
 mod ddp;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
 mod precision;
+#[cfg(feature = "flex")]
+pub mod traffic;
 
 use std::time::Instant;
 
