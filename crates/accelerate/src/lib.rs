@@ -8,6 +8,7 @@
 //!   style): `setup`, `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` /
 //!   `load_state`, `dataloader`.
 //! - [`data`]: a device-aware data loader, the built-in digits data, a CIFAR-10 reader.
+//! - [`rng`]: the one seeded generator (data shuffles and backend seeds).
 //! - [`models`]: the small ViT the examples and benches train.
 //! - [`precision`]: re-export of `afterburner-precision` (policies, autocast, loss scaling).
 //! - [`checkpoint`]: re-export of `afterburner-checkpoint` (`Checkpointed` blocks and the
@@ -27,7 +28,6 @@ mod error;
 mod full_state;
 pub mod models;
 mod outcome;
-pub mod rng;
 mod sharded_state;
 mod state;
 mod state_files;
@@ -37,6 +37,7 @@ pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;
 pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
 pub use afterburner_parallel as parallel;
+pub use afterburner_parallel::rng;
 pub use afterburner_parallel::{
     AutoWrapPolicy, FsdpConfig, ShardingStrategy, StateDictType, TrainingStrategy,
 };
