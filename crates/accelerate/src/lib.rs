@@ -7,7 +7,8 @@
 //! - [`Accelerator`] + [`AcceleratorConfig`]: the single-device facade (Fabric/Accelerate
 //!   style): `setup`, `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` /
 //!   `load_state`, `dataloader`.
-//! - [`data`]: a device-aware data loader, the built-in digits data, a CIFAR-10 reader.
+//! - [`data`]: a device-aware data loader over Burn's `Dataset` and `Batcher` (prefetched on
+//!   a background thread), the built-in digits data, a CIFAR-10 reader.
 //! - [`rng`]: the one seeded generator (data shuffles and backend seeds).
 //! - [`models`]: the small ViT the examples and benches train.
 //! - [`precision`]: re-export of `afterburner-precision` (policies, autocast, loss scaling).
