@@ -122,7 +122,9 @@ impl<B: Backend, I: 'static, O: Send + 'static> DataLoader<B, I, O> {
 
     /// Makes up to `depth` batches ahead on a background thread (like Burn's `num_workers`,
     /// with one thread, in order), so batching overlaps the training step; 0 makes each batch
-    /// on the calling thread when asked. Default [`DEFAULT_PREFETCH`].
+    /// on the calling thread when asked. Default [`DEFAULT_PREFETCH`]. A batcher or dataset
+    /// that draws from the backend's RNG (`Tensor::random`) races the training step for it on
+    /// a background thread; use 0 for bitwise-repeatable runs with such a batcher.
     pub fn prefetch(mut self, depth: usize) -> Self {
         self.prefetch = depth;
         self
