@@ -22,10 +22,11 @@
 #[path = "../minimal/backend.rs"]
 mod backend;
 
-use afterburner::data::{ImageBatcher, ImageItem, digits, train_test_split};
+use afterburner::data::{ImageBatcher, ImageDataset, digits};
 use afterburner::models::VitConfig;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
 use backend::{B, device};
+use burn::data::dataset::Dataset;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
 use burn::tensor::{ElementConversion, Tensor};
@@ -54,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("unknown option '{other}' (see the file's header)").into()),
         }
     }
-    let (train, test) = train_test_split(digits::load()?, 0.2, 0);
+    let (train, test) = digits::load()?.split(0.2, 0);
     let config = AcceleratorConfig {
         strategy,
         devices: workers,
@@ -92,8 +93,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn run_mpi(
     config: AcceleratorConfig,
     model: afterburner::models::Vit<B>,
-    train: Vec<ImageItem>,
-    test: Vec<ImageItem>,
+    train: ImageDataset,
+    test: ImageDataset,
     epochs: usize,
     batch_size: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -113,8 +114,8 @@ fn run_mpi(
 fn run_mpi(
     _: AcceleratorConfig,
     _: afterburner::models::Vit<B>,
-    _: Vec<ImageItem>,
-    _: Vec<ImageItem>,
+    _: ImageDataset,
+    _: ImageDataset,
     _: usize,
     _: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -125,8 +126,8 @@ fn run_mpi(
 fn train_and_evaluate(
     mut acc: Accelerator<B>,
     model: afterburner::models::Vit<B>,
-    train: Vec<ImageItem>,
-    test: Vec<ImageItem>,
+    train: ImageDataset,
+    test: ImageDataset,
     epochs: usize,
     batch_size: usize,
 ) -> Result<f64, AccelerateError> {

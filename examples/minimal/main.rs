@@ -12,9 +12,10 @@
 
 mod backend;
 
-use afterburner::data::{DataLoader, ImageBatcher, digits, train_test_split};
+use afterburner::data::{DataLoader, ImageBatcher, ImageDataset, ImageItem, digits};
 use afterburner::models::{Vit, VitConfig};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
+use burn::data::dataset::Dataset;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
@@ -45,7 +46,7 @@ fn main() {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
-    let (train, test) = train_test_split(digits::load()?, 0.2, 0);
+    let (train, test) = digits::load()?.split(0.2, 0);
     println!(
         "digits: {} train / {} test images, {} epochs, batch {}",
         train.len(),
@@ -54,9 +55,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         args.batch_size
     );
     let accuracy = if args.plain {
-        train_plain(&args, train, &test)?
+        train_plain(&args, train, test.items())?
     } else {
-        train_accelerated(&args, train, &test)?
+        train_accelerated(&args, train, test.items())?
     };
     println!("test accuracy: {:.2}%", accuracy * 100.0);
     Ok(())
@@ -65,8 +66,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// The ordinary Burn loop (f32, no accumulation, no clipping).
 fn train_plain(
     args: &Args,
-    train: Vec<afterburner::data::ImageItem>,
-    test: &[afterburner::data::ImageItem],
+    train: ImageDataset,
+    test: &[ImageItem],
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let device = device();
     B::seed(&device, args.config.seed);
@@ -95,8 +96,8 @@ fn train_plain(
 /// The same loop on afterburner: the six changed lines are marked.
 fn train_accelerated(
     args: &Args,
-    train: Vec<afterburner::data::ImageItem>,
-    test: &[afterburner::data::ImageItem],
+    train: ImageDataset,
+    test: &[ImageItem],
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let device = device();
     let mut acc = Accelerator::<B>::new(args.config.clone(), backend::device())?; // (1)
@@ -128,7 +129,7 @@ fn train_accelerated(
 
 /// Share of `items` whose arg-max logit is the label.
 fn accuracy(
-    items: &[afterburner::data::ImageItem],
+    items: &[ImageItem],
     forward: impl Fn(Tensor<B, 4>) -> Result<Tensor<B, 2>, AccelerateError>,
 ) -> Result<f64, AccelerateError> {
     let device = device();

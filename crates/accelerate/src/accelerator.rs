@@ -8,13 +8,15 @@ use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
 };
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
-use crate::data::{Batcher, DataLoader, DataProgress};
+use crate::data::{DataLoader, DataProgress};
 use crate::distributed::Group;
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
@@ -34,7 +36,7 @@ const BLOCK_SEED_DOMAIN: u64 = 0xB10C;
 /// ```ignore
 /// let mut acc = Accelerator::<B>::new(config, device)?;
 /// let (mut model, mut optim) = acc.setup(model, optim)?;
-/// for batch in acc.dataloader(items, batcher, 64)?.epoch(epoch) {
+/// for batch in acc.dataloader(dataset, batcher, 64)?.epoch(epoch) {
 ///     let logits = acc.forward(&model, batch.images, |m, x| m.forward(x))?;
 ///     let loss = CrossEntropyLossConfig::new().init(&device).forward(logits, batch.labels);
 ///     acc.backward(loss, &model)?;
@@ -168,25 +170,33 @@ impl<B: AutodiffBackend> Accelerator<B> {
         }
     }
 
-    /// A training loader on this device, shuffled from the config's seed (under DDP, this
-    /// rank's shard of every epoch). The Accelerator
-    /// follows its progress: accumulation flushes at the end of each epoch and the position
-    /// is saved with [`save_state`](Self::save_state). Use [`DataLoader::new`] for eval data.
-    pub fn dataloader<I: Clone, Bt: Batcher<B, I>>(
+    /// A training loader over any Burn `dataset` and `batcher` on this device, shuffled from
+    /// the config's seed (under DDP, this rank's shard of every epoch), batches prepared
+    /// ahead on a background thread. The Accelerator follows its progress: accumulation
+    /// flushes at the end of each epoch and the position is saved with
+    /// [`save_state`](Self::save_state). A `Vec` of items is a dataset through Burn's
+    /// `InMemDataset::new(items)`.
+    pub fn dataloader<I, O, D, Bt>(
         &self,
-        items: Vec<I>,
+        dataset: D,
         batcher: Bt,
         batch_size: usize,
-    ) -> Result<DataLoader<B, I, Bt>, AccelerateError> {
-        Ok(DataLoader::with_progress(
-            items,
+    ) -> Result<DataLoader<B, I, O>, AccelerateError>
+    where
+        I: 'static,
+        O: Send + 'static,
+        D: Dataset<I> + 'static,
+        Bt: Batcher<B, I, O> + 'static,
+    {
+        DataLoader::with_progress(
+            dataset,
             batcher,
             batch_size,
             self.device.clone(),
             self.progress.clone(),
         )?
         .shuffle(self.config.seed)
-        .shard(self.rank(), self.world_size()))
+        .shard(self.rank(), self.world_size())
     }
 
     /// Runs `forward(model, input)` under the precision policy: inputs' float tensors are cast

@@ -5,11 +5,13 @@ use afterburner_parallel::{
     Fsdp, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, TrainingStrategy,
 };
 use afterburner_precision::grads::GradSummary;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
 use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::data::{Batcher, DataLoader};
+use crate::data::DataLoader;
 use crate::{AccelerateError, Accelerator, AcceleratorConfig};
 
 /// The process group of a distributed Accelerator, on the training backend's inner backend.
@@ -132,19 +134,24 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.strategy.gradient_all_reduces()
     }
 
-    /// An evaluation loader: in order, not tracked for accumulation, and under DDP this rank's
-    /// shard (every `world_size`-th item, padded by repeating the first items). Pass the
-    /// per-item results to [`gather_for_metrics`](Self::gather_for_metrics).
-    pub fn eval_dataloader<I: Clone, Bt: Batcher<B, I>>(
+    /// An evaluation loader over any Burn `dataset` and `batcher`: in order, not tracked for
+    /// accumulation, and under DDP this rank's shard (every `world_size`-th item, padded by
+    /// repeating the first items). Pass the per-item results to
+    /// [`gather_for_metrics`](Self::gather_for_metrics).
+    pub fn eval_dataloader<I, O, D, Bt>(
         &self,
-        items: Vec<I>,
+        dataset: D,
         batcher: Bt,
         batch_size: usize,
-    ) -> Result<DataLoader<B, I, Bt>, AccelerateError> {
-        Ok(
-            DataLoader::new(items, batcher, batch_size, self.device.clone())?
-                .shard(self.rank(), self.world_size()),
-        )
+    ) -> Result<DataLoader<B, I, O>, AccelerateError>
+    where
+        I: 'static,
+        O: Send + 'static,
+        D: Dataset<I> + 'static,
+        Bt: Batcher<B, I, O> + 'static,
+    {
+        DataLoader::new(dataset, batcher, batch_size, self.device.clone())?
+            .shard(self.rank(), self.world_size())
     }
 
     /// Every rank's per-item `values` (this rank's whole [`eval_dataloader`] epoch, in its

@@ -7,7 +7,9 @@
 //! - [`Accelerator`] + [`AcceleratorConfig`]: the single-device facade (Fabric/Accelerate
 //!   style): `setup`, `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` /
 //!   `load_state`, `dataloader`.
-//! - [`data`]: a device-aware data loader, the built-in digits data, a CIFAR-10 reader.
+//! - [`data`]: a device-aware data loader over Burn's `Dataset` and `Batcher` (prefetched on
+//!   a background thread), the built-in digits data, a CIFAR-10 reader.
+//! - [`rng`]: the one seeded generator (data shuffles and backend seeds).
 //! - [`models`]: the small ViT the examples and benches train.
 //! - [`precision`]: re-export of `afterburner-precision` (policies, autocast, loss scaling).
 //! - [`checkpoint`]: re-export of `afterburner-checkpoint` (`Checkpointed` blocks and the
@@ -29,7 +31,6 @@ mod error;
 pub mod models;
 mod outcome;
 mod parts;
-pub mod rng;
 mod sharded_state;
 mod state;
 mod state_files;
@@ -39,6 +40,7 @@ pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;
 pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
 pub use afterburner_parallel as parallel;
+pub use afterburner_parallel::rng;
 pub use afterburner_parallel::{
     AutoWrapPolicy, FsdpConfig, ShardingStrategy, StateDictType, TrainingStrategy,
 };

@@ -28,7 +28,7 @@ fn train(micro: usize, steps: usize, n_items: usize) -> (Vec<f32>, Vec<f32>, u64
     let mut acc = accelerator(steps);
     let (mut model, mut optim) = acc.setup(vit(9), SgdConfig::new().init()).unwrap();
     let initial = flatten(&params(&model));
-    let items = digits::load().unwrap()[..n_items].to_vec();
+    let items = digits::load().unwrap().take(n_items);
     let loader = acc.dataloader(items, BATCHER, micro).unwrap();
     for (i, batch) in loader.epoch(0).enumerate() {
         let logits = acc

@@ -30,7 +30,7 @@ fn train_vit(precision: Precision, policy: CheckpointPolicy) -> Vec<f32> {
         height: 8,
         width: 8,
     };
-    let items = digits::load().unwrap()[..96].to_vec();
+    let items = digits::load().unwrap().take(96);
     let loader = acc.dataloader(items, batcher, 16).unwrap();
     for batch in loader.epoch(0) {
         let logits = acc

@@ -6,6 +6,8 @@ mod common;
 
 use afterburner::data::digits;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
 use common::*;
 
 fn config(strategy: Strategy) -> AcceleratorConfig {
@@ -81,7 +83,7 @@ fn gather_for_metrics_restores_dataset_order_without_padding() {
     // 7 items over 2 ranks: rank 1's shard is padded with item 0.
     let gathered =
         Accelerator::<B>::launch(config(Strategy::Ddp), vec![Default::default(); 2], |acc| {
-            let items: Vec<usize> = (0..7).collect();
+            let items = InMemDataset::new((0..7).collect::<Vec<usize>>());
             let loader = acc.eval_dataloader(items, IdBatcher, 3)?;
             let mine: Vec<f32> = loader.epoch(0).flatten().collect();
             let values =
@@ -123,8 +125,7 @@ fn gather_for_metrics_restores_dataset_order_without_padding() {
 /// Batches item ids as plain numbers.
 struct IdBatcher;
 
-impl afterburner::data::Batcher<B, usize> for IdBatcher {
-    type Output = Vec<f32>;
+impl Batcher<B, usize, Vec<f32>> for IdBatcher {
     fn batch(&self, items: Vec<usize>, _device: &burn::tensor::Device<B>) -> Vec<f32> {
         items.into_iter().map(|i| i as f32).collect()
     }
@@ -138,7 +139,7 @@ fn train_adamw(strategy: Strategy, world: usize) -> Vec<(Vec<f32>, usize, Option
     let devices = vec![Default::default(); world];
     Accelerator::<B>::launch(config(strategy), devices, move |mut acc| {
         let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
-        let items = digits::load()?[..96].to_vec();
+        let items = digits::load()?.take(96);
         let loader = acc.dataloader(items, BATCHER, 8)?;
         for batch in loader.epoch(0) {
             let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;

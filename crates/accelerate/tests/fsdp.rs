@@ -36,7 +36,7 @@ fn train(config: AcceleratorConfig, world: usize) -> Vec<Report> {
     let devices = vec![Default::default(); world];
     Accelerator::<B>::launch(config, devices, move |mut acc| {
         let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
-        let items = digits::load()?[..96].to_vec();
+        let items = digits::load()?.take(96);
         let loader = acc.dataloader(items, BATCHER, 8)?;
         for batch in loader.epoch(0) {
             let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
@@ -153,7 +153,7 @@ fn a_rank_failing_mid_step_stops_every_rank() {
         vec![Default::default(); 2],
         move |mut acc| {
             let model = acc.setup_model(initial.clone())?;
-            let items = digits::load()?[..16].to_vec();
+            let items = digits::load()?.take(16);
             let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
             let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
             if acc.rank() == 1 {
@@ -223,7 +223,7 @@ fn epochs<O: burn::optim::Optimizer<Vit<B>, B>>(
     optim: &mut O,
     range: std::ops::Range<usize>,
 ) -> Result<Vit<B>, AccelerateError> {
-    let items = digits::load()?[..48].to_vec();
+    let items = digits::load()?.take(48);
     let loader = acc.dataloader(items, BATCHER, 8)?;
     for epoch in range {
         for batch in loader.epoch(epoch) {
@@ -338,7 +338,7 @@ fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
         vec![Default::default(); 2],
         move |acc| {
             let _sharded = acc.setup_model(initial.clone())?;
-            let items = digits::load()?[..16].to_vec();
+            let items = digits::load()?.take(16);
             let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
             // The full model instead of the sharded one `setup` returned. Forked: this rank's
             // own leaves (Burn 0.21's autodiff graph can deadlock when two threads record ops

@@ -64,7 +64,7 @@ impl Run {
     /// Trains until `until` optimizer steps (48 digits, batches of 8: 6 steps an epoch),
     /// continuing from the Accelerator's data position.
     fn train_until(&mut self, acc: &mut Accelerator<B>, until: u64) -> Result<(), AccelerateError> {
-        let items = digits::load()?[..48].to_vec();
+        let items = digits::load()?.take(48);
         let loader = acc.dataloader(items, BATCHER, 8)?;
         let (mut epoch, mut start) = acc.data_position();
         while acc.counters().optimizer_steps < until {

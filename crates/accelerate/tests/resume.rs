@@ -56,7 +56,7 @@ fn fresh(model_seed: u64) -> Run {
 
 /// Trains until `until` optimizer steps, continuing from the Accelerator's data position.
 fn train_until(run: &mut Run, until: u64) {
-    let items = digits::load().unwrap()[..160].to_vec();
+    let items = digits::load().unwrap().take(160);
     let loader = run.acc.dataloader(items, BATCHER, 16).unwrap(); // 10 batches = 5 steps per epoch
     let (mut epoch, mut start) = run.acc.data_position();
     while run.acc.counters().optimizer_steps < until {

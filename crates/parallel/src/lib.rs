@@ -10,7 +10,8 @@
 //! - [`OptimizerSharding`]: ZeRO stage 1 on top of DDP, optimizer state split across ranks.
 //! - [`Fsdp`]: fully sharded data parallel (ZeRO-3 `full`, ZeRO-2 `grad-op`): parameters,
 //!   gradients and optimizer state kept as per-rank shards, units gathered per forward pass.
-//! - [`DistributedSampler`]: disjoint, shuffled per-rank shards.
+//! - [`DistributedSampler`]: disjoint, shuffled per-rank shards, in batches; [`rng`]: its
+//!   generator (SplitMix64), also the source of the Accelerator's seeds.
 //!
 //! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
 //! - [`MpiGroup`] + [`launch_mpi`] (feature `mpi`): one rank per process over MPI, started by
@@ -38,6 +39,7 @@ mod local;
 mod loopback;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod rng;
 mod sampler;
 mod shared;
 mod strategy;

@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use afterburner::checkpoint::Balanced;
-use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
+use afterburner::data::{ImageBatch, digits};
 use afterburner::models::{TransformerConfig, VitConfig};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy};
+use burn::data::dataloader::batcher::Batcher;
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
@@ -155,16 +156,12 @@ fn scenario<B: AutodiffBackend>(
                 .with_d_ff(256)
                 .with_n_layers(6)
                 .init::<B>(&device);
-            let items = digits::load().map_err(|e| e.to_string())?;
-            let batcher = ImageBatcher {
-                channels: 1,
-                height: 8,
-                width: 8,
-            };
-            let batches: Vec<ImageBatch<B>> = items
+            let data = digits::load().map_err(|e| e.to_string())?;
+            let batches: Vec<ImageBatch<B>> = data
+                .items()
                 .chunks_exact(2 * o.batch_size)
                 .take(4)
-                .map(|c| Batcher::<B, _>::batch(&batcher, c.to_vec(), &device))
+                .map(|c| data.batcher().batch(c.to_vec(), &device))
                 .collect();
             let loss_fn = CrossEntropyLossConfig::new().init(&device);
             measure(o, acc, net, |acc, net, i| {

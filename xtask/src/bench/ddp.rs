@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
+use afterburner::data::{ImageBatch, digits};
 use afterburner::models::{Vit, VitConfig};
 use afterburner::parallel::{
     AutoWrapPolicy, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, ShardLayout,
@@ -15,6 +15,7 @@ use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Strategy,
 };
 use burn::backend::Autodiff;
+use burn::data::dataloader::batcher::Batcher;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
@@ -79,17 +80,13 @@ fn step_time<I: Backend>(
     };
     I::seed(&device, 0);
     let model = vit::<Ad<I>>(&device);
-    let items = digits::load().map_err(|e| e.to_string())?;
+    let data = digits::load().map_err(|e| e.to_string())?;
     let per_rank = 2 * o.batch_size / workers;
     let (steps, warmup) = (o.steps, o.warmup);
     type Measured = (Duration, f64, f64, usize);
     let run = move |mut acc: Accelerator<Ad<I>>| -> Result<Measured, AccelerateError> {
         let (mut model, mut optim) = acc.setup(model.clone(), AdamWConfig::new().init())?;
-        let batcher = ImageBatcher {
-            channels: 1,
-            height: 8,
-            width: 8,
-        };
+        let items = data.items();
         let mine: Vec<_> = afterburner::parallel::shard(
             (0..items.len()).collect(),
             acc.rank(),
@@ -101,7 +98,7 @@ fn step_time<I: Backend>(
             .take(4)
             .map(|c| {
                 let c = c.iter().map(|&i| items[i].clone()).collect();
-                Batcher::<Ad<I>, _>::batch(&batcher, c, acc.device())
+                data.batcher().batch(c, acc.device())
             })
             .collect();
         let loss_fn = CrossEntropyLossConfig::new().init(acc.device());
@@ -414,9 +411,10 @@ fn with_mpi_all_reduce(rows: Vec<Row>, _len: usize) -> Result<Vec<Row>, String> 
 #[cfg(feature = "flex")]
 fn with_fsdp_traffic(mut rows: Vec<Row>) -> Result<Vec<Row>, String> {
     use super::traffic::{self, Traffic};
-    let mut engines: Vec<(&str, Traffic)> = vec![("in-process", traffic::in_process()?)];
-    #[cfg(feature = "mpi")]
-    engines.push(("MPI", traffic::over_mpi()?));
+    let engines: Vec<(&str, Traffic)> = [("in-process", traffic::in_process()?)]
+        .into_iter()
+        .chain(traffic::over_mpi()?.map(|t| ("MPI", t)))
+        .collect();
     let per_step = |v: u64| v as f64 / traffic::STEPS as f64;
     for (engine, t) in engines {
         for (kind, values) in [

@@ -5,8 +5,11 @@
 //!   on the 12-block transformer and on the ViT: step time and peak memory.
 //! - `ddp`: 1 vs 2 in-process workers, the gradient all-reduce's size and time, and what the
 //!   engine receives per FSDP step, in-process and over MPI (`traffic`).
+//! - `data`: time per epoch of reading + batching (with a simulated step) with the loader's
+//!   background thread and without it.
 
 mod checkpoint;
+mod data;
 mod ddp;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
@@ -50,8 +53,10 @@ type Defaults = (usize, usize, usize, usize);
 const PRECISION_DEFAULTS: Defaults = (60, 5, 64, 3);
 const CHECKPOINT_DEFAULTS: Defaults = (4, 2, 32, 2);
 const DDP_DEFAULTS: Defaults = (10, 3, 32, 2);
+/// Data suite: (epochs, warm-up epochs, batch size, rounds).
+const DATA_DEFAULTS: Defaults = (3, 1, 64, 3);
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|data|all] \
 [--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|all (checkpoint suite)]";
 
@@ -99,28 +104,26 @@ impl Given {
 pub fn run(args: &[String]) -> Result<(), String> {
     let given = parse(args)?;
     let suite = given.suite.as_deref().unwrap_or("all");
-    let (precision, checkpoint, ddp) = match suite {
-        "all" => (true, true, true),
-        "precision" => (true, false, false),
-        "checkpoint" => (false, true, false),
-        "ddp" => (false, false, true),
+    let suites: &[Suite] = match suite {
+        "all" => &[Suite::Precision, Suite::Checkpoint, Suite::Ddp, Suite::Data],
+        "precision" => &[Suite::Precision],
+        "checkpoint" => &[Suite::Checkpoint],
+        "ddp" => &[Suite::Ddp],
+        "data" => &[Suite::Data],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, ddp, all"
+                "unknown suite '{other}'; valid: precision, checkpoint, ddp, data, all"
             ));
         }
     };
-    if precision {
-        let o = given.options(PRECISION_DEFAULTS);
-        on_backend(&o, Suite::Precision)?;
-    }
-    if checkpoint {
-        let o = given.options(CHECKPOINT_DEFAULTS);
-        on_backend(&o, Suite::Checkpoint)?;
-    }
-    if ddp {
-        let o = given.options(DDP_DEFAULTS);
-        on_backend(&o, Suite::Ddp)?;
+    for &suite in suites {
+        let defaults = match suite {
+            Suite::Precision => PRECISION_DEFAULTS,
+            Suite::Checkpoint => CHECKPOINT_DEFAULTS,
+            Suite::Ddp => DDP_DEFAULTS,
+            Suite::Data => DATA_DEFAULTS,
+        };
+        on_backend(&given.options(defaults), suite)?;
     }
     Ok(())
 }
@@ -130,6 +133,7 @@ enum Suite {
     Precision,
     Checkpoint,
     Ddp,
+    Data,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
@@ -139,6 +143,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Precision => precision::bench::<burn::backend::Autodiff<$inner>>(o),
                 Suite::Checkpoint => checkpoint::bench::<$inner>(o),
                 Suite::Ddp => ddp::bench::<$inner>(o),
+                Suite::Data => data::bench::<$inner>(o),
             }
         };
     }

@@ -5,9 +5,10 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
+use afterburner::data::{ImageBatch, digits};
 use afterburner::models::VitConfig;
 use afterburner::{Accelerator, AcceleratorConfig, Precision};
+use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
@@ -34,15 +35,11 @@ fn batches<B: AutodiffBackend>(
     o: &Options,
     device: &B::Device,
 ) -> Result<Vec<ImageBatch<B>>, String> {
-    let items = digits::load().map_err(|e| e.to_string())?;
-    let batcher = ImageBatcher {
-        channels: 1,
-        height: 8,
-        width: 8,
-    };
-    Ok(items
+    let data = digits::load().map_err(|e| e.to_string())?;
+    Ok(data
+        .items()
         .chunks_exact(o.batch_size)
-        .map(|c| Batcher::<B, _>::batch(&batcher, c.to_vec(), device))
+        .map(|c| data.batcher().batch(c.to_vec(), device))
         .collect())
 }
 

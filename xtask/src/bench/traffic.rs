@@ -33,6 +33,7 @@ pub struct Traffic {
     pub broadcast: u64,
 }
 
+#[cfg(feature = "mpi")]
 impl Traffic {
     /// As text: `all_gather=.. reduce_scatter=.. all_reduce=.. broadcast=..`.
     pub fn line(&self) -> String {
@@ -183,10 +184,16 @@ pub fn in_process() -> Result<Traffic, String> {
 #[cfg(feature = "mpi")]
 const MARK: &str = "FSDP_TRAFFIC";
 
+/// Without the `mpi` feature there is no MPI engine to measure.
+#[cfg(not(feature = "mpi"))]
+pub fn over_mpi() -> Result<Option<Traffic>, String> {
+    Ok(None)
+}
+
 /// Rank 0's traffic on the MPI engine, 2 processes on loopback (this binary's
 /// `mpi-fsdp-traffic` command is the rank side).
 #[cfg(feature = "mpi")]
-pub fn over_mpi() -> Result<Traffic, String> {
+pub fn over_mpi() -> Result<Option<Traffic>, String> {
     use std::time::Duration;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let run = afterburner::parallel::run_on_loopback(
@@ -203,6 +210,7 @@ pub fn over_mpi() -> Result<Traffic, String> {
     run.output
         .lines()
         .find_map(|l| Traffic::parse(l.strip_prefix(MARK)?.trim()))
+        .map(Some)
         .ok_or_else(|| format!("no {MARK} line in the job's output:\n{}", run.output))
 }
 

@@ -1,4 +1,5 @@
-//! A reader of CIFAR-10's binary format, for users who have the files.
+//! A reader of CIFAR-10's binary format, for users who have the files: a Burn dataset
+//! ([`ImageDataset`]).
 //!
 //! Each record is 3,073 bytes: the label (0..9), then 1,024 red, 1,024 green and 1,024 blue
 //! pixel bytes of a 32x32 image, row by row. The train set is `data_batch_1.bin` ..
@@ -6,7 +7,7 @@
 
 use std::path::Path;
 
-use super::ImageItem;
+use super::{ImageDataset, ImageItem};
 use crate::AccelerateError;
 
 /// Image side length.
@@ -27,21 +28,24 @@ pub enum Split {
 }
 
 /// Reads a split from the `cifar-10-batches-bin` directory.
-pub fn load(dir: impl AsRef<Path>, split: Split) -> Result<Vec<ImageItem>, AccelerateError> {
+pub fn load(dir: impl AsRef<Path>, split: Split) -> Result<ImageDataset, AccelerateError> {
     let names: Vec<String> = match split {
         Split::Train => (1..=5).map(|i| format!("data_batch_{i}.bin")).collect(),
         Split::Test => vec!["test_batch.bin".to_string()],
     };
     let mut items = Vec::new();
     for name in names {
-        items.extend(read_file(dir.as_ref().join(name))?);
+        items.extend(read_items(&dir.as_ref().join(name))?);
     }
-    Ok(items)
+    ImageDataset::new(items, [CHANNELS, SIDE, SIDE])
 }
 
 /// Reads one binary batch file.
-pub fn read_file(path: impl AsRef<Path>) -> Result<Vec<ImageItem>, AccelerateError> {
-    let path = path.as_ref();
+pub fn read_file(path: impl AsRef<Path>) -> Result<ImageDataset, AccelerateError> {
+    ImageDataset::new(read_items(path.as_ref())?, [CHANNELS, SIDE, SIDE])
+}
+
+fn read_items(path: &Path) -> Result<Vec<ImageItem>, AccelerateError> {
     let bytes = std::fs::read(path).map_err(|e| AccelerateError::io("reading", path, e))?;
     parse(&bytes).map_err(|reason| AccelerateError::corrupt(path, reason))
 }
@@ -73,6 +77,7 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ImageItem>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::data::dataset::Dataset;
 
     /// A record with label `label` whose channel c pixel p is (c * 7 + p) % 256.
     fn record(label: u8) -> Vec<u8> {
@@ -88,9 +93,10 @@ mod tests {
         let mut bytes = record(3);
         bytes.extend(record(9));
         std::fs::write(dir.join("test_batch.bin"), &bytes).unwrap();
-        let items = load(&dir, Split::Test).unwrap();
+        let data = load(&dir, Split::Test).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(items.len(), 2);
+        assert_eq!(data.len(), 2);
+        let items = data.items();
         assert_eq!((items[0].label, items[1].label), (3, 9));
         assert_eq!(items[0].pixels.len(), 3072);
         // channel 1 (green), pixel 5: (7 + 5) / 255

@@ -1,4 +1,5 @@
-//! The built-in default data: UCI's 8x8 handwritten digits (1,797 images, 10 classes).
+//! The built-in default data: UCI's 8x8 handwritten digits (1,797 images, 10 classes), as a
+//! Burn dataset ([`ImageDataset`]).
 //!
 //! Shipped inside the crate (57 KB, gzip CSV as scikit-learn ships it; CC BY 4.0, see
 //! `data/README.md`), so examples and tests need no download.
@@ -7,7 +8,7 @@ use std::io::Read;
 
 use flate2::read::GzDecoder;
 
-use super::ImageItem;
+use super::{ImageDataset, ImageItem};
 use crate::AccelerateError;
 
 const DIGITS_GZ: &[u8] = include_bytes!("../../data/digits.csv.gz");
@@ -17,13 +18,13 @@ pub const SIDE: usize = 8;
 /// Number of classes.
 pub const CLASSES: usize = 10;
 
-/// All 1,797 digits as 1x8x8 images with pixels scaled to 0..=1.
-pub fn load() -> Result<Vec<ImageItem>, AccelerateError> {
+/// All 1,797 digits as 1x8x8 images with pixels scaled to 0..=1, in the file's order.
+pub fn load() -> Result<ImageDataset, AccelerateError> {
     let mut csv = String::new();
     GzDecoder::new(DIGITS_GZ)
         .read_to_string(&mut csv)
         .map_err(|e| AccelerateError::corrupt("digits.csv.gz", e))?;
-    parse(&csv)
+    ImageDataset::new(parse(&csv)?, [1, SIDE, SIDE])
 }
 
 /// Parses rows of 64 pixel values (0..16) followed by a label (0..9).
@@ -61,11 +62,14 @@ fn parse(csv: &str) -> Result<Vec<ImageItem>, AccelerateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::data::dataset::Dataset;
 
     #[test]
     fn loads_all_digits() {
-        let items = load().unwrap();
-        assert_eq!(items.len(), 1797);
+        let data = load().unwrap();
+        assert_eq!(data.len(), 1797);
+        assert_eq!(data.batcher().channels, 1);
+        let items = data.items();
         assert!(items.iter().all(|i| i.pixels.len() == 64 && i.label < 10));
         assert!(
             items

@@ -1,9 +1,11 @@
-//! Labelled images and their batcher.
+//! Labelled images: a Burn dataset of them and their batcher.
 
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::Batcher;
+use crate::AccelerateError;
 use crate::rng::permutation;
 
 /// One labelled image, pixels in `[channels, height, width]` order, scaled to `0..=1`.
@@ -24,7 +26,7 @@ pub struct ImageBatch<B: Backend> {
     pub labels: Tensor<B, 1, Int>,
 }
 
-/// Stacks [`ImageItem`]s of one shape into an [`ImageBatch`].
+/// Stacks [`ImageItem`]s of one shape into an [`ImageBatch`] (Burn's [`Batcher`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageBatcher {
     /// Channels per image.
@@ -35,9 +37,7 @@ pub struct ImageBatcher {
     pub width: usize,
 }
 
-impl<B: Backend> Batcher<B, ImageItem> for ImageBatcher {
-    type Output = ImageBatch<B>;
-
+impl<B: Backend> Batcher<B, ImageItem, ImageBatch<B>> for ImageBatcher {
     fn batch(&self, items: Vec<ImageItem>, device: &B::Device) -> ImageBatch<B> {
         let n = items.len();
         let mut pixels = Vec::with_capacity(n * self.channels * self.height * self.width);
@@ -54,6 +54,87 @@ impl<B: Backend> Batcher<B, ImageItem> for ImageBatcher {
     }
 }
 
+/// Labelled images of one shape held in memory: a Burn [`Dataset<ImageItem>`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageDataset {
+    items: Vec<ImageItem>,
+    batcher: ImageBatcher,
+}
+
+impl ImageDataset {
+    /// The images `items`, each `[channels, height, width]`; errors on an item of another size.
+    pub fn new(
+        items: Vec<ImageItem>,
+        [channels, height, width]: [usize; 3],
+    ) -> Result<Self, AccelerateError> {
+        let size = channels * height * width;
+        if let Some((i, item)) = items
+            .iter()
+            .enumerate()
+            .find(|(_, it)| it.pixels.len() != size)
+        {
+            return Err(AccelerateError::invalid(
+                "pixels",
+                format!(
+                    "{} values in image {i}, not {channels}x{height}x{width} = {size}",
+                    item.pixels.len()
+                ),
+                "channels x height x width values in every image",
+            ));
+        }
+        Ok(Self {
+            items,
+            batcher: ImageBatcher {
+                channels,
+                height,
+                width,
+            },
+        })
+    }
+
+    /// The batcher for these images.
+    pub fn batcher(&self) -> ImageBatcher {
+        self.batcher
+    }
+
+    /// The images.
+    pub fn items(&self) -> &[ImageItem] {
+        &self.items
+    }
+
+    /// The first `n` images (all of them if there are fewer).
+    pub fn take(mut self, n: usize) -> Self {
+        self.items.truncate(n);
+        self
+    }
+
+    /// Splits into (train, test) with a seeded shuffle; `test_fraction` of them go to test.
+    pub fn split(self, test_fraction: f64, seed: u64) -> (Self, Self) {
+        let batcher = self.batcher;
+        let (train, test) = train_test_split(self.items, test_fraction, seed);
+        (
+            Self {
+                items: train,
+                batcher,
+            },
+            Self {
+                items: test,
+                batcher,
+            },
+        )
+    }
+}
+
+impl Dataset<ImageItem> for ImageDataset {
+    fn get(&self, index: usize) -> Option<ImageItem> {
+        self.items.get(index).cloned()
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+}
+
 /// Splits items into (train, test) with a seeded shuffle; `test_fraction` of them go to test.
 pub fn train_test_split<T>(items: Vec<T>, test_fraction: f64, seed: u64) -> (Vec<T>, Vec<T>) {
     let n_test = ((items.len() as f64) * test_fraction.clamp(0.0, 1.0)).round() as usize;
@@ -62,4 +143,53 @@ pub fn train_test_split<T>(items: Vec<T>, test_fraction: f64, seed: u64) -> (Vec
     let mut shuffled: Vec<T> = order.iter().filter_map(|&i| slots[i].take()).collect();
     let test = shuffled.split_off(shuffled.len() - n_test);
     (shuffled, test)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    fn item(label: usize) -> ImageItem {
+        ImageItem {
+            pixels: vec![label as f32 / 10.0; 4],
+            label,
+        }
+    }
+
+    #[test]
+    fn a_dataset_of_images_batches_as_burn_does() {
+        let data = ImageDataset::new((0..5).map(item).collect(), [1, 2, 2]).unwrap();
+        assert_eq!(
+            (data.len(), data.get(3), data.get(5)),
+            (5, Some(item(3)), None)
+        );
+        let batch: ImageBatch<Flex> = data
+            .batcher()
+            .batch(vec![item(1), item(4)], &Default::default());
+        assert_eq!(batch.images.dims(), [2, 1, 2, 2]);
+        assert_eq!(
+            batch
+                .labels
+                .into_data()
+                .convert::<i64>()
+                .to_vec::<i64>()
+                .unwrap(),
+            [1, 4]
+        );
+        let (train, test) = data.clone().split(0.4, 0);
+        assert_eq!((train.len(), test.len()), (3, 2));
+        assert_eq!(data.take(2).items(), [item(0), item(1)]);
+    }
+
+    #[test]
+    fn an_image_of_another_size_is_an_error() {
+        let err = ImageDataset::new(vec![item(0)], [3, 2, 2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("4 values in image 0") && err.contains("3x2x2"),
+            "{err}"
+        );
+    }
 }

@@ -1,222 +1,164 @@
-//! A small data loader that builds each batch directly on the training device.
+//! [`DataLoader`]: a Burn dataset and batcher, read by one sampler, batched on the device.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
+use afterburner_parallel::DistributedSampler;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
-use serde::{Deserialize, Serialize};
 
+use super::DataProgress;
+use super::epoch::{BatchMaker, EpochIter};
 use crate::AccelerateError;
-use crate::rng::{derive_seed, permutation};
 
-/// Turns a list of items into a batch on a device.
-pub trait Batcher<B: Backend, I>: Send + Sync {
-    /// The batch type.
-    type Output;
-    /// Builds one batch from `items` on `device`.
-    fn batch(&self, items: Vec<I>, device: &B::Device) -> Self::Output;
-}
+/// Batches prepared ahead by default (see [`DataLoader::prefetch`]).
+pub const DEFAULT_PREFETCH: usize = 2;
 
-/// Where a loader stands in its data: the epoch and the next batch to yield.
+/// Batches of any Burn [`Dataset`] made by any Burn [`Batcher`] on one device, the order
+/// (shuffle, shard, padding, `drop_last`) decided by a [`DistributedSampler`].
 ///
-/// The Accelerator reads it to flush accumulation at the end of an epoch and saves it with the
-/// training state, so a resumed run continues at the same batch.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DataProgress {
-    /// The epoch being read.
-    pub epoch: usize,
-    /// Index of the next batch in that epoch.
-    pub next_batch: usize,
-    /// Batches per epoch.
-    pub num_batches: usize,
-}
-
-impl DataProgress {
-    /// True when the last batch of the epoch has been handed out.
-    pub fn end_of_epoch(&self) -> bool {
-        self.num_batches > 0 && self.next_batch >= self.num_batches
-    }
-
-    /// `(epoch, batch)` where reading should continue.
-    pub fn resume_position(&self) -> (usize, usize) {
-        if self.end_of_epoch() {
-            (self.epoch + 1, 0)
-        } else {
-            (self.epoch, self.next_batch)
-        }
-    }
-}
-
-/// Batches of an in-memory dataset on one device, shuffled per epoch from a seed.
+/// Epoch `e` always yields the same batches for the same seed, so a run can resume at
+/// `(epoch, batch)` with [`epoch_from`](Self::epoch_from). By default the next
+/// [`DEFAULT_PREFETCH`] batches are made on a background thread while the caller trains on
+/// the current one; the batches are the same as without it.
 ///
-/// Epoch `e` always yields the same order for the same seed, so a run can resume at
-/// `(epoch, batch)` with [`epoch_from`](Self::epoch_from).
-pub struct DataLoader<B: Backend, I, Bt> {
-    items: Arc<Vec<I>>,
-    batcher: Bt,
-    batch_size: usize,
-    shuffle_seed: Option<u64>,
-    drop_last: bool,
-    /// `(rank, world_size)`: this loader yields only the rank's share of each epoch.
-    shard: Option<(usize, usize)>,
-    device: B::Device,
+/// ```
+/// use afterburner::data::DataLoader;
+/// use burn::backend::Flex;
+/// use burn::data::dataloader::batcher::Batcher;
+/// use burn::data::dataset::InMemDataset;
+///
+/// #[derive(Clone)]
+/// struct Sum;
+/// impl<B: burn::tensor::backend::Backend> Batcher<B, u32, u32> for Sum {
+///     fn batch(&self, items: Vec<u32>, _device: &B::Device) -> u32 {
+///         items.iter().sum()
+///     }
+/// }
+///
+/// let dataset = InMemDataset::new(vec![1, 2, 3, 4, 5]);
+/// let loader = DataLoader::<Flex, _, _>::new(dataset, Sum, 2, Default::default())?;
+/// assert_eq!(loader.epoch(0).collect::<Vec<_>>(), [3, 7, 5]);
+/// # Ok::<(), afterburner::AccelerateError>(())
+/// ```
+pub struct DataLoader<B: Backend, I, O> {
+    maker: BatchMaker<B, I, O>,
+    sampler: DistributedSampler,
+    prefetch: usize,
     progress: Arc<Mutex<DataProgress>>,
 }
 
-impl<B: Backend, I: Clone, Bt> DataLoader<B, I, Bt> {
-    /// A loader over `items` making batches of `batch_size` on `device`, in order, keeping
-    /// the last smaller batch. Errors on a zero batch size or an empty dataset.
-    pub fn new(
-        items: Vec<I>,
+impl<B: Backend, I: 'static, O: Send + 'static> DataLoader<B, I, O> {
+    /// A loader over `dataset` making batches of `batch_size` with `batcher` on `device`, in
+    /// order, keeping the last smaller batch. Errors on a zero batch size or an empty dataset.
+    pub fn new<D, Bt>(
+        dataset: D,
         batcher: Bt,
         batch_size: usize,
         device: B::Device,
-    ) -> Result<Self, AccelerateError> {
-        Self::with_progress(items, batcher, batch_size, device, Arc::default())
+    ) -> Result<Self, AccelerateError>
+    where
+        D: Dataset<I> + 'static,
+        Bt: Batcher<B, I, O> + 'static,
+    {
+        Self::with_progress(dataset, batcher, batch_size, device, Arc::default())
     }
 
-    pub(crate) fn with_progress(
-        items: Vec<I>,
+    /// [`new`](Self::new), reporting into `progress` (the Accelerator's).
+    pub(crate) fn with_progress<D, Bt>(
+        dataset: D,
         batcher: Bt,
         batch_size: usize,
         device: B::Device,
         progress: Arc<Mutex<DataProgress>>,
-    ) -> Result<Self, AccelerateError> {
-        if batch_size == 0 {
-            return Err(AccelerateError::invalid("batch_size", "0", "at least 1"));
-        }
-        if items.is_empty() {
+    ) -> Result<Self, AccelerateError>
+    where
+        D: Dataset<I> + 'static,
+        Bt: Batcher<B, I, O> + 'static,
+    {
+        if dataset.is_empty() {
             return Err(AccelerateError::invalid(
                 "dataset",
                 "empty",
                 "at least one item",
             ));
         }
+        let sampler = DistributedSampler::new(dataset.len(), 1, 0)?.batch_size(batch_size)?;
         Ok(Self {
-            items: Arc::new(items),
-            batcher,
-            batch_size,
-            shuffle_seed: None,
-            drop_last: false,
-            shard: None,
-            device,
+            maker: BatchMaker {
+                dataset: Arc::new(dataset),
+                batcher: Arc::new(batcher),
+                device,
+            },
+            sampler,
+            prefetch: DEFAULT_PREFETCH,
             progress,
         })
     }
 
     /// Shuffles every epoch, with an order fixed by `(seed, epoch)`.
     pub fn shuffle(mut self, seed: u64) -> Self {
-        self.shuffle_seed = Some(seed);
+        self.sampler = self.sampler.shuffle(seed);
         self
     }
 
     /// Yields only `rank`'s share of each epoch's (shuffled) order, like PyTorch's
     /// `DistributedSampler`: every `world_size`-th item, the order padded by repeating its
-    /// start so every rank gets as many items. The Accelerator sets this under DDP.
-    pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
-        self.shard = (world_size > 1).then_some((rank, world_size));
-        self
+    /// start so every rank gets as many items. The Accelerator sets this under DDP. Errors
+    /// unless `rank < world_size`.
+    pub fn shard(mut self, rank: usize, world_size: usize) -> Result<Self, AccelerateError> {
+        self.sampler = self.sampler.shard(rank, world_size)?;
+        Ok(self)
     }
 
-    /// Items this loader yields per epoch (its share under [`shard`](Self::shard)).
-    fn items_per_epoch(&self) -> usize {
-        match self.shard {
-            Some((_, world)) => self.items.len().div_ceil(world),
-            None => self.items.len(),
-        }
-    }
-
-    /// Drops the last batch when it is smaller than `batch_size`.
+    /// Drops the last batch when it is smaller than the batch size (under [`shard`]: the
+    /// items that do not fill a batch on every rank, with no padding).
+    ///
+    /// [`shard`]: Self::shard
     pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.drop_last = drop_last;
+        self.sampler = self.sampler.drop_last(drop_last);
         self
     }
 
-    /// Number of items.
+    /// Makes up to `depth` batches ahead on a background thread (like Burn's `num_workers`,
+    /// with one thread, in order), so batching overlaps the training step; 0 makes each batch
+    /// on the calling thread when asked. Default [`DEFAULT_PREFETCH`]. A batcher or dataset
+    /// that draws from the backend's RNG (`Tensor::random`) races the training step for it on
+    /// a background thread; use 0 for bitwise-repeatable runs with such a batcher.
+    pub fn prefetch(mut self, depth: usize) -> Self {
+        self.prefetch = depth;
+        self
+    }
+
+    /// Number of items in the dataset.
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.maker.dataset.len()
     }
 
     /// Always false: an empty loader cannot be built.
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.maker.dataset.is_empty()
     }
 
     /// Batches per epoch.
     pub fn num_batches(&self) -> usize {
-        if self.drop_last {
-            self.items_per_epoch() / self.batch_size
-        } else {
-            self.items_per_epoch().div_ceil(self.batch_size)
-        }
+        self.sampler.num_batches()
     }
 
     /// The batches of `epoch`, from the first.
-    pub fn epoch(&self, epoch: usize) -> EpochIter<'_, B, I, Bt> {
+    pub fn epoch(&self, epoch: usize) -> EpochIter<B, I, O> {
         self.epoch_from(epoch, 0)
     }
 
     /// The batches of `epoch`, starting at batch `start` (to resume mid-epoch).
-    pub fn epoch_from(&self, epoch: usize, start: usize) -> EpochIter<'_, B, I, Bt> {
-        let order = match self.shuffle_seed {
-            Some(seed) => permutation(self.items.len(), derive_seed(seed, 0xDA7A, epoch as u64)),
-            None => (0..self.items.len()).collect(),
-        };
-        let order = match self.shard {
-            Some((rank, world)) => afterburner_parallel::shard(order, rank, world, false),
-            None => order,
-        };
-        EpochIter {
-            loader: self,
-            order,
-            epoch,
-            next: start,
-        }
-    }
-}
-
-/// The batches of one epoch; see [`DataLoader::epoch`].
-pub struct EpochIter<'a, B: Backend, I, Bt> {
-    loader: &'a DataLoader<B, I, Bt>,
-    order: Vec<usize>,
-    epoch: usize,
-    next: usize,
-}
-
-impl<B, I, Bt> Iterator for EpochIter<'_, B, I, Bt>
-where
-    B: Backend,
-    I: Clone,
-    Bt: Batcher<B, I>,
-{
-    type Item = Bt::Output;
-
-    fn next(&mut self) -> Option<Bt::Output> {
-        let loader = self.loader;
-        let num_batches = loader.num_batches();
-        if self.next >= num_batches {
-            return None;
-        }
-        let start = self.next * loader.batch_size;
-        let end = (start + loader.batch_size).min(self.order.len());
-        let items = self.order[start..end]
-            .iter()
-            .map(|&i| loader.items[i].clone())
-            .collect();
-        self.next += 1;
-        *loader
-            .progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = DataProgress {
-            epoch: self.epoch,
-            next_batch: self.next,
-            num_batches,
-        };
-        Some(loader.batcher.batch(items, &loader.device))
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.loader.num_batches().saturating_sub(self.next);
-        (left, Some(left))
+    pub fn epoch_from(&self, epoch: usize, start: usize) -> EpochIter<B, I, O> {
+        EpochIter::new(
+            self.maker.clone(),
+            self.sampler.batches(epoch as u64),
+            (epoch, start),
+            self.prefetch,
+            self.progress.clone(),
+        )
     }
 }
 
@@ -224,17 +166,18 @@ where
 mod tests {
     use super::*;
     use burn::backend::Flex;
+    use burn::data::dataset::InMemDataset;
 
     struct Ids;
-    impl<B: Backend> Batcher<B, usize> for Ids {
-        type Output = Vec<usize>;
+    impl<B: Backend> Batcher<B, usize, Vec<usize>> for Ids {
         fn batch(&self, items: Vec<usize>, _device: &B::Device) -> Vec<usize> {
             items
         }
     }
 
-    fn loader(n: usize, bs: usize) -> DataLoader<Flex, usize, Ids> {
-        DataLoader::new((0..n).collect(), Ids, bs, Default::default()).unwrap()
+    fn loader(n: usize, bs: usize) -> DataLoader<Flex, usize, Vec<usize>> {
+        let items = InMemDataset::new((0..n).collect());
+        DataLoader::new(items, Ids, bs, Default::default()).unwrap()
     }
 
     #[test]
@@ -255,6 +198,7 @@ mod tests {
         let full: Vec<_> = l.epoch(2).collect();
         let resumed: Vec<_> = l.epoch_from(2, 1).collect();
         assert_eq!(&full[1..], &resumed[..]);
+        assert_eq!(l.epoch_from(2, 7).count(), 0);
     }
 
     #[test]
@@ -272,10 +216,34 @@ mod tests {
     }
 
     #[test]
-    fn zero_batch_size_is_an_error() {
-        let err = DataLoader::<Flex, usize, Ids>::new(vec![1], Ids, 0, Default::default())
+    fn progress_counts_received_batches_not_prefetched_ones() {
+        let l = loader(100, 2).prefetch(8);
+        let mut it = l.epoch(1);
+        it.next();
+        it.next();
+        // Give the thread time to run ahead: the progress must not follow it.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(l.progress.lock().unwrap().resume_position(), (1, 2));
+        assert_eq!(it.size_hint(), (48, Some(48)));
+    }
+
+    #[test]
+    fn bad_settings_are_errors() {
+        let err = DataLoader::<Flex, usize, Vec<usize>>::new(
+            InMemDataset::new(vec![1]),
+            Ids,
+            0,
+            Default::default(),
+        )
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("batch_size"), "{err}");
+        let empty = InMemDataset::new(Vec::<usize>::new());
+        let err = DataLoader::<Flex, _, _>::new(empty, Ids, 1, Default::default())
             .err()
             .unwrap();
-        assert!(err.to_string().contains("batch_size"));
+        assert!(err.to_string().contains("dataset"), "{err}");
+        let err = loader(4, 2).shard(2, 2).err().unwrap();
+        assert!(err.to_string().contains("rank"), "{err}");
     }
 }

@@ -3,10 +3,11 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use afterburner::data::{Batcher, ImageBatch, ImageBatcher, digits};
+use afterburner::data::{ImageBatch, ImageBatcher, digits};
 use afterburner::models::{Vit, VitConfig};
 use afterburner::{AccelerateError, Accelerator};
 use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::batcher::Batcher;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{GradientsParams, SgdConfig};
@@ -38,13 +39,8 @@ pub fn tiny_vit() -> VitConfig {
 
 /// The first `n` digits as one batch.
 pub fn digits_batch(start: usize, n: usize) -> ImageBatch<B> {
-    let items = digits::load().unwrap()[start..start + n].to_vec();
-    let batcher = ImageBatcher {
-        channels: 1,
-        height: 8,
-        width: 8,
-    };
-    Batcher::<B, _>::batch(&batcher, items, &Default::default())
+    let items = digits::load().unwrap().items()[start..start + n].to_vec();
+    BATCHER.batch(items, &Default::default())
 }
 
 pub fn cross_entropy(logits: Tensor<B, 2>, batch: &ImageBatch<B>) -> Tensor<B, 1> {
@@ -122,8 +118,7 @@ pub fn train_96_digits(
     batch: usize,
 ) -> Result<(Vec<f32>, u64, u64), AccelerateError> {
     let (mut model, mut optim) = acc.setup(model, SgdConfig::new().init())?;
-    let items = digits::load()?[..96].to_vec();
-    let loader = acc.dataloader(items, BATCHER, batch)?;
+    let loader = acc.dataloader(digits::load()?.take(96), BATCHER, batch)?;
     for batch in loader.epoch(0) {
         let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
         acc.backward(cross_entropy(logits, &batch), &model)?;

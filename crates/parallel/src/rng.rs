@@ -1,8 +1,10 @@
 //! Small deterministic random numbers: seeds derived from (seed, counter) and shuffles.
 //!
-//! Burn 0.21 cannot read a backend's RNG state back, so afterburner never needs to: it
-//! re-seeds the backend from `(seed, optimizer step)` at every step, and shuffles data from
-//! `(seed, epoch)`. Saving the seed and the counters is then enough to replay both exactly.
+//! The one generator of the workspace: the [`DistributedSampler`](crate::DistributedSampler)
+//! shuffles data with it from `(seed, epoch)`, and the `afterburner` Accelerator derives its
+//! backend seeds with it from `(seed, optimizer step)`. Burn 0.21 cannot read a backend's RNG
+//! state back, so nothing here needs to: saving the seed and the counters is enough to replay
+//! both exactly.
 
 /// SplitMix64: a fast, well-mixed 64-bit generator (Steele, Lea, Flood 2014).
 #[derive(Debug, Clone)]
