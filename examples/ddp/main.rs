@@ -22,8 +22,8 @@
 #[path = "../minimal/backend.rs"]
 mod backend;
 
-use afterburner::data::{ImageBatcher, ImageDataset, digits};
-use afterburner::models::VitConfig;
+use afterburner::demos::models::VitConfig;
+use afterburner::demos::{ImageBatcher, ImageDataset, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
 use backend::{B, device};
 use burn::data::dataset::Dataset;
@@ -92,7 +92,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(feature = "mpi")]
 fn run_mpi(
     config: AcceleratorConfig,
-    model: afterburner::models::Vit<B>,
+    model: afterburner::demos::models::Vit<B>,
     train: ImageDataset,
     test: ImageDataset,
     epochs: usize,
@@ -113,7 +113,7 @@ fn run_mpi(
 #[cfg(not(feature = "mpi"))]
 fn run_mpi(
     _: AcceleratorConfig,
-    _: afterburner::models::Vit<B>,
+    _: afterburner::demos::models::Vit<B>,
     _: ImageDataset,
     _: ImageDataset,
     _: usize,
@@ -125,7 +125,7 @@ fn run_mpi(
 /// One rank: the single-device loop, then its shard of the test set, gathered.
 fn train_and_evaluate(
     mut acc: Accelerator<B>,
-    model: afterburner::models::Vit<B>,
+    model: afterburner::demos::models::Vit<B>,
     train: ImageDataset,
     test: ImageDataset,
     epochs: usize,

@@ -12,8 +12,9 @@
 
 mod backend;
 
-use afterburner::data::{DataLoader, ImageBatcher, ImageDataset, ImageItem, digits};
-use afterburner::models::{Vit, VitConfig};
+use afterburner::data::DataLoader;
+use afterburner::demos::models::{Vit, VitConfig};
+use afterburner::demos::{ImageBatcher, ImageDataset, ImageItem, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
 use burn::data::dataset::Dataset;
 use burn::nn::loss::CrossEntropyLossConfig;

@@ -4,13 +4,14 @@
 //! mixed precision with gradient accumulation, global-norm clipping, activation checkpointing
 //! and a resumable state.
 //!
-//! - [`Accelerator`] + [`AcceleratorConfig`]: the single-device facade (Fabric/Accelerate
-//!   style): `setup`, `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` /
-//!   `load_state`, `dataloader`.
+//! - [`Accelerator`] + [`AcceleratorConfig`]: the facade (Fabric/Accelerate style): `setup`,
+//!   `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` / `load_state` (and any
+//!   named [`StateParts`]), `dataloader`; its strategy ([`AnyStrategy`]) spreads training.
 //! - [`data`]: a device-aware data loader over Burn's `Dataset` and `Batcher` (prefetched on
-//!   a background thread), the built-in digits data, a CIFAR-10 reader.
+//!   a background thread).
 //! - [`rng`]: the one seeded generator (data shuffles and backend seeds).
-//! - [`models`]: the small ViT the examples and benches train.
+//! - [`demos`]: the reference models the examples and benches train, the built-in digits
+//!   data, a CIFAR-10 reader.
 //! - [`precision`]: re-export of `afterburner-precision` (policies, autocast, loss scaling).
 //! - [`checkpoint`]: re-export of `afterburner-checkpoint` (`Checkpointed` blocks and the
 //!   policies behind the config's `gradient_checkpointing`).
@@ -26,9 +27,9 @@
 mod accelerator;
 mod config;
 pub mod data;
+pub mod demos;
 mod distributed;
 mod error;
-pub mod models;
 mod outcome;
 mod parts;
 mod sharded_state;

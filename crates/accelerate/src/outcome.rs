@@ -14,7 +14,7 @@ pub struct Counters {
     pub micro_batches: u64,
 }
 
-/// What the last call to [`Accelerator::step`] did.
+/// What the last call to [`Accelerator::step`](crate::Accelerator::step) did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum StepOutcome {
     /// No step call yet.

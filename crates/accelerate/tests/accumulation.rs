@@ -3,7 +3,7 @@
 
 mod common;
 
-use afterburner::data::{ImageBatcher, digits};
+use afterburner::demos::{ImageBatcher, digits};
 use afterburner::{Accelerator, AcceleratorConfig, StepOutcome};
 use burn::optim::SgdConfig;
 use common::*;

@@ -3,8 +3,8 @@
 
 mod common;
 
-use afterburner::data::{ImageBatcher, digits};
-use afterburner::models::TransformerConfig;
+use afterburner::demos::models::TransformerConfig;
+use afterburner::demos::{ImageBatcher, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Precision};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;

@@ -7,7 +7,8 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
-use afterburner::data::{DataLoader, ImageBatch, digits};
+use afterburner::data::DataLoader;
+use afterburner::demos::{ImageBatch, digits};
 use afterburner::parallel::DistributedSampler;
 use afterburner::{Accelerator, AcceleratorConfig, Strategy};
 use burn::backend::Flex;
@@ -129,7 +130,7 @@ fn a_burn_dataset_and_batcher_plug_into_the_accelerator_unchanged() {
 
 /// Every batch of `epochs` epochs, as (images, labels) values.
 fn contents(
-    loader: &DataLoader<Flex, afterburner::data::ImageItem, ImageBatch<Flex>>,
+    loader: &DataLoader<Flex, afterburner::demos::ImageItem, ImageBatch<Flex>>,
     epochs: usize,
 ) -> Vec<(Vec<f32>, Vec<i64>)> {
     (0..epochs)

@@ -4,7 +4,7 @@
 
 mod common;
 
-use afterburner::data::digits;
+use afterburner::demos::digits;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;

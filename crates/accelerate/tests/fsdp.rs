@@ -4,8 +4,8 @@
 
 mod common;
 
-use afterburner::data::digits;
-use afterburner::models::Vit;
+use afterburner::demos::digits;
+use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, FsdpConfig,
     Precision, ShardingStrategy, StateDictType, Strategy,

@@ -7,8 +7,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use afterburner::data::digits;
-use afterburner::models::Vit;
+use afterburner::demos::digits;
+use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
     Strategy,

@@ -5,8 +5,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::data::{ImageBatcher, digits};
-use afterburner::models::Vit;
+use afterburner::demos::models::Vit;
+use afterburner::demos::{ImageBatcher, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
 use burn::optim::Adam;
 use burn::optim::AdamConfig;

@@ -14,7 +14,7 @@
 //!   generator (SplitMix64), also the source of the Accelerator's seeds.
 //!
 //! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
-//! - [`MpiGroup`] + [`launch_mpi`] (feature `mpi`): one rank per process over MPI, started by
+//! - `MpiGroup` + `launch_mpi` (feature `mpi`): one rank per process over MPI, started by
 //!   `mpirun` on one machine or several; a failing rank aborts the whole job.
 //!
 //! ## Alone, in a plain Burn loop
@@ -48,7 +48,10 @@ mod zero;
 pub use ddp::Ddp;
 pub use error::ParallelError;
 pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, StateDictType};
-pub use group::{ProcessGroup, ReduceOp};
+pub use group::{
+    ProcessGroup, ReduceOp, all_gather_by_broadcasts, barrier_by_all_reduce,
+    reduce_scatter_by_all_reduce,
+};
 pub use launch::{LaunchConfig, launch, local_devices};
 pub use local::LocalGroup;
 #[cfg(all(feature = "mpi", feature = "testing"))]

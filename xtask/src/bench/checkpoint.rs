@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use afterburner::checkpoint::Balanced;
-use afterburner::data::{ImageBatch, digits};
-use afterburner::models::{TransformerConfig, VitConfig};
+use afterburner::demos::models::{TransformerConfig, VitConfig};
+use afterburner::demos::{ImageBatch, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::AutodiffModule;

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use afterburner::data::{DataLoader, ImageBatch, ImageBatcher, ImageDataset, ImageItem, digits};
+use afterburner::data::DataLoader;
+use afterburner::demos::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, digits};
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, ElementConversion, Tensor, activation};

@@ -6,8 +6,8 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::data::{ImageBatch, digits};
-use afterburner::models::{Vit, VitConfig};
+use afterburner::demos::models::{Vit, VitConfig};
+use afterburner::demos::{ImageBatch, digits};
 use afterburner::parallel::{
     AutoWrapPolicy, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, ShardLayout,
 };

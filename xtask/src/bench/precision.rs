@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::data::{ImageBatch, digits};
-use afterburner::models::VitConfig;
+use afterburner::demos::models::VitConfig;
+use afterburner::demos::{ImageBatch, digits};
 use afterburner::{Accelerator, AcceleratorConfig, Precision};
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use afterburner::models::{Vit, VitConfig};
+use afterburner::demos::models::{Vit, VitConfig};
 use afterburner::parallel::{LaunchConfig, ParallelError, ProcessGroup, ReduceOp, launch};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
 use burn::backend::{Autodiff, Flex};

@@ -3,8 +3,8 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use afterburner::data::{ImageBatch, ImageBatcher, digits};
-use afterburner::models::{Vit, VitConfig};
+use afterburner::demos::models::{Vit, VitConfig};
+use afterburner::demos::{ImageBatch, ImageBatcher, digits};
 use afterburner::{AccelerateError, Accelerator};
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::batcher::Batcher;
@@ -114,7 +114,7 @@ pub fn vit(seed: u64) -> Vit<B> {
 /// full parameters, optimizer steps and gradient all-reduces.
 pub fn train_96_digits(
     acc: &mut Accelerator<B>,
-    model: afterburner::models::Vit<B>,
+    model: afterburner::demos::models::Vit<B>,
     batch: usize,
 ) -> Result<(Vec<f32>, u64, u64), AccelerateError> {
     let (mut model, mut optim) = acc.setup(model, SgdConfig::new().init())?;

@@ -1,0 +1,15 @@
+//! Demos, apart from the API (like Lightning's `lightning.pytorch.demos`): the reference models
+//! the examples, tests and benches train, and the built-in data.
+//!
+//! - [`models`]: a small ViT and a character Transformer, built from Burn's own layers.
+//! - [`digits`]: the built-in default data (UCI 8x8 handwritten digits, shipped in the crate).
+//! - [`cifar10`]: a reader of CIFAR-10's binary format for users who have the files.
+//! - [`ImageItem`] / [`ImageDataset`] / [`ImageBatcher`]: labelled images, a Burn dataset of
+//!   them, and the Burn batcher to `[batch, channels, height, width]` tensors.
+
+pub mod cifar10;
+pub mod digits;
+mod image;
+pub mod models;
+
+pub use image::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, train_test_split};
