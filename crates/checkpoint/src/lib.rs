@@ -22,11 +22,11 @@
 //! ## Alone, in a plain Burn loop
 //!
 //! `Checkpointed` blocks in an ordinary Burn loop, gradients equal to the plain model's,
-//! without the `afterburner` facade (`examples/plain_loop.rs`, run as this doctest; `cargo run
-//! -p afterburner-checkpoint --example plain_loop`):
+//! without the `afterburner` facade (`examples/checkpointed_loop.rs`, run as this doctest; `cargo run
+//! -p afterburner-checkpoint --example checkpointed_loop`):
 //!
 //! ```
-#![doc = include_str!("../examples/plain_loop.rs")]
+#![doc = include_str!("../examples/checkpointed_loop.rs")]
 //! ```
 
 #![warn(missing_docs)]

@@ -20,11 +20,11 @@
 //! ## Alone, in a plain Burn loop
 //!
 //! DDP on 2 worker threads with `launch`, `Ddp` and `DistributedSampler` in an ordinary Burn
-//! loop, without the `afterburner` facade (`examples/plain_loop.rs`, run as this doctest;
-//! `cargo run -p afterburner-parallel --example plain_loop`):
+//! loop, without the `afterburner` facade (`examples/ddp_loop.rs`, run as this doctest;
+//! `cargo run -p afterburner-parallel --example ddp_loop`):
 //!
 //! ```
-#![doc = include_str!("../examples/plain_loop.rs")]
+#![doc = include_str!("../examples/ddp_loop.rs")]
 //! ```
 
 #![warn(missing_docs)]

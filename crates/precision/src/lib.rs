@@ -21,11 +21,11 @@
 //! ## Alone, in a plain Burn loop
 //!
 //! bf16-mixed and 16-mixed with a `GradScaler` in an ordinary Burn loop, without the
-//! `afterburner` facade (`examples/plain_loop.rs`, run as this doctest; `cargo run -p
-//! afterburner-precision --example plain_loop`):
+//! `afterburner` facade (`examples/mixed_precision_loop.rs`, run as this doctest; `cargo run -p
+//! afterburner-precision --example mixed_precision_loop`):
 //!
 //! ```
-#![doc = include_str!("../examples/plain_loop.rs")]
+#![doc = include_str!("../examples/mixed_precision_loop.rs")]
 //! ```
 
 #![warn(missing_docs)]

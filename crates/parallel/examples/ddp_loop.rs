@@ -1,7 +1,7 @@
 // afterburner-parallel alone, in a plain Burn loop (no facade): DDP on 2 worker threads of one
 // process (`launch`), each training on its shard of the data (`DistributedSampler`); `Ddp`
 // gives every rank rank 0's parameters and averages the gradients once per step, so the
-// replicas stay identical. `cargo run -p afterburner-parallel --example plain_loop`.
+// replicas stay identical. `cargo run -p afterburner-parallel --example ddp_loop`.
 use afterburner_parallel::{
     Ddp, DistributedSampler, LaunchConfig, ParallelError, ProcessGroup, launch,
 };

@@ -1,6 +1,6 @@
 // afterburner-precision alone, in a plain Burn loop (no facade): the forward pass runs on a
 // half view of an f32 model (bf16-mixed, or 16-mixed with a GradScaler), the loss and the
-// optimizer stay in f32. `cargo run -p afterburner-precision --example plain_loop`.
+// optimizer stay in f32. `cargo run -p afterburner-precision --example mixed_precision_loop`.
 use afterburner_precision::{
     CastFloats, GradScaler, GradScalerConfig, Precision, PrecisionError, autocast_view, grads,
 };

@@ -2,7 +2,7 @@
 // residual MLP is wrapped in `Checkpointed`, so under a recomputing policy its inner
 // activations are dropped after the forward pass and recomputed in the backward pass; the
 // gradients are the plain model's, bit for bit.
-// `cargo run -p afterburner-checkpoint --example plain_loop`.
+// `cargo run -p afterburner-checkpoint --example checkpointed_loop`.
 use afterburner_checkpoint::{CheckpointPolicy, Checkpointed, enable, with_policy};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
