@@ -217,14 +217,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let compute = precision.compute_dtype();
         let input = input.cast_floats(compute);
         let mixed = precision.is_mixed().then_some(compute);
-        let view = match self.strategy.forward_view(model, mixed) {
-            Ok(view) => view,
-            Err(e) => {
-                // Recorded by the strategy too; clear it so the next backward starts clean.
-                let _ = self.strategy.after_backward();
-                return Err(e.into());
-            }
-        };
+        let view = self.strategy.forward_view(model, mixed)?;
         let output =
             afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
                 match (view, mixed) {
@@ -390,8 +383,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.reduce_pending(&model)?;
         let summary = self.unscale_pending(&model, want_norm)?;
         let mut grads = self.pending.take().unwrap_or_default();
-        if let (Some(scaler), Some(s)) = (&mut self.scaler, summary)
-            && !s.is_finite()
+        let overflow = self.scaler.is_some() && summary.is_some_and(|s| !s.is_finite());
+        let skip = self.strategy.agree_on_skip(overflow, &self.device)?;
+        if let Some(scaler) = &mut self.scaler
+            && skip
         {
             scaler.update(true);
             self.counters.skipped_steps += 1;

@@ -22,9 +22,8 @@ use serde::de::DeserializeOwned;
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
 
-/// An object saved with the training state as one named part. Every `serde` type is
-/// `Stateful` (saved as named MessagePack: exact floats, NaN included); implement it by hand
-/// for anything else.
+/// An object saved with the training state as one named part, by hand-written conversions
+/// (a serde type needs none: add it with [`StateParts::serde`]).
 pub trait Stateful: Sized {
     /// This object's state as bytes.
     fn to_state_bytes(&self) -> Result<Vec<u8>, String>;
@@ -32,16 +31,6 @@ pub trait Stateful: Sized {
     /// This object with `bytes` (from [`to_state_bytes`](Self::to_state_bytes)) loaded, as a
     /// new value: `self` stays unchanged until every part of the state has loaded.
     fn with_state_bytes(&self, bytes: &[u8]) -> Result<Self, String>;
-}
-
-impl<T: Serialize + DeserializeOwned> Stateful for T {
-    fn to_state_bytes(&self) -> Result<Vec<u8>, String> {
-        rmp_serde::to_vec_named(self).map_err(|e| e.to_string())
-    }
-
-    fn with_state_bytes(&self, bytes: &[u8]) -> Result<Self, String> {
-        rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
-    }
 }
 
 /// The named parts of a training state, borrowed for one save or load:
@@ -52,15 +41,16 @@ impl<T: Serialize + DeserializeOwned> Stateful for T {
 ///     .optimizer("optimizer", &mut optim)
 ///     .optimizer("critic_optimizer", &mut critic_optim)
 ///     .scheduler("scheduler", &mut lr)
-///     .stateful("trainer", &mut counters);
+///     .serde("trainer", &mut counters);   // any serde type
 /// acc.save_parts(&dir, &mut parts)?;
 /// // later, in a fresh run built the same way:
 /// acc.load_parts(&dir, &mut parts)?;
 /// ```
 ///
-/// A name is letters, digits, `-` and `_`, unique, and not `accelerator` (the Accelerator's
-/// own part: counters, loss scale, seed, data position). Loading needs exactly the parts the
-/// state holds: a missing or an unknown part is an error naming it.
+/// A name is letters, digits, `-` and `_`, unique (ignoring case: file systems may), and not
+/// `accelerator` (the Accelerator's own part: counters, loss scale, seed, data position).
+/// Loading needs exactly the parts the state holds: a missing or an unknown part is an error
+/// naming it. Every rank builds the same parts in the same order.
 pub struct StateParts<'a, B: AutodiffBackend> {
     pub(crate) parts: Vec<Part<'a, B>>,
 }
@@ -93,7 +83,8 @@ impl<'a, B: AutodiffBackend> StateParts<'a, B> {
         self
     }
 
-    /// An optimizer of a model of type `M` (paired with the first model part of that type).
+    /// An optimizer of a model of type `M`. A gathered (full) state saves it with the first
+    /// model part of type `M`.
     pub fn optimizer<M, O>(mut self, name: &str, optimizer: &'a mut O) -> Self
     where
         M: AutodiffModule<B> + 'static,
@@ -122,7 +113,19 @@ impl<'a, B: AutodiffBackend> StateParts<'a, B> {
         self
     }
 
-    /// Any [`Stateful`] object (every serde type is one).
+    /// Any serde value (a Trainer's counters, a user's tally), saved as named MessagePack.
+    pub fn serde<T: Serialize + DeserializeOwned>(mut self, name: &str, value: &'a mut T) -> Self {
+        self.push(
+            name,
+            SerdeSlot {
+                value,
+                staged: None,
+            },
+        );
+        self
+    }
+
+    /// Any [`Stateful`] object (hand-written conversions to and from bytes).
     pub fn stateful<T: Stateful>(mut self, name: &str, value: &'a mut T) -> Self {
         self.push(
             name,
@@ -154,8 +157,11 @@ impl<'a, B: AutodiffBackend> StateParts<'a, B> {
                 "a part name is letters, digits, '-' and '_'"
             } else if name == ACCELERATOR_PART {
                 "'accelerator' is the Accelerator's own part"
-            } else if self.parts[..i].iter().any(|(n, _)| n == name) {
-                "the name is used twice"
+            } else if self.parts[..i]
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name))
+            {
+                "the name is used twice (ignoring case)"
             } else {
                 continue;
             };
@@ -183,24 +189,31 @@ pub(crate) fn part_file(name: &str) -> String {
     format!("{name}.mpk")
 }
 
-/// Whether a save gathers full tensors (and so every rank runs the part's collectives).
+/// Whether a load reads each rank's own values or a gathered (full) state.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Each rank's own values.
     Local,
-    /// Gathered from every rank (every rank calls, in the same order).
+    /// A full state, to shard (every rank runs the part's collectives, in the same order).
     Gathered,
 }
 
 /// One part, type-erased: how it encodes, stages a load and commits it.
 pub(crate) trait Slot<B: AutodiffBackend> {
-    /// The part's bytes. `parts` gives an optimizer its model (gathered mode).
-    fn encode(
+    /// This rank's bytes of the part: local work only, no collective.
+    fn encode(&self, acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError>;
+
+    /// Under a gathered save, after every rank encoded: the bytes rank 0 writes, from this
+    /// rank's `local` ones (collectives; every rank calls, in the same order). `parts` gives
+    /// an optimizer its model. Default: `local`.
+    fn gather(
         &self,
-        acc: &Accelerator<B>,
-        mode: Mode,
-        parts: &StateParts<'_, B>,
-    ) -> Result<Vec<u8>, AccelerateError>;
+        _acc: &Accelerator<B>,
+        _parts: &StateParts<'_, B>,
+        local: Vec<u8>,
+    ) -> Result<Vec<u8>, AccelerateError> {
+        Ok(local)
+    }
 
     /// Collectives a gathered load needs before any part decodes (so a part that fails to
     /// decode on one rank cannot leave the others waiting in a collective).
@@ -235,6 +248,19 @@ pub(crate) trait Slot<B: AutodiffBackend> {
     fn is_model(&self) -> bool {
         false
     }
+
+    /// Whether a gathered save needs this part's local bytes before gathering.
+    fn encodes_locally(&self) -> bool {
+        true
+    }
+}
+
+/// An encoding error (the part's name is added by the caller).
+fn encoding_failed(reason: String) -> AccelerateError {
+    AccelerateError::InvalidPart {
+        part: String::new(),
+        reason: format!("encoding: {reason}"),
+    }
 }
 
 struct ModelSlot<'a, M> {
@@ -244,17 +270,27 @@ struct ModelSlot<'a, M> {
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'_, M> {
-    fn encode(
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        encode::<B, _>(self.model.clone().into_record())
+    }
+
+    /// The full model (a collective), encoded by the rank that writes.
+    fn gather(
         &self,
         acc: &Accelerator<B>,
-        mode: Mode,
         _parts: &StateParts<'_, B>,
+        _local: Vec<u8>,
     ) -> Result<Vec<u8>, AccelerateError> {
-        let model = match mode {
-            Mode::Local => self.model.clone(),
-            Mode::Gathered => acc.strategy.full_model(&*self.model)?,
-        };
-        encode::<B, _>(model.into_record())
+        let full = acc.strategy.full_model(&*self.model)?;
+        match acc.is_main_process() {
+            true => encode::<B, _>(full.into_record()),
+            false => Ok(Vec::new()),
+        }
+    }
+
+    /// Under a gathered save the model is encoded from its full form only.
+    fn encodes_locally(&self) -> bool {
+        false
     }
 
     fn prepare_load(&mut self, acc: &Accelerator<B>, mode: Mode) -> Result<(), AccelerateError> {
@@ -338,22 +374,20 @@ where
     M: AutodiffModule<B> + 'static,
     O: Optimizer<M, B>,
 {
-    fn encode(
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        encode::<B, _>(self.optimizer.to_record())
+    }
+
+    fn gather(
         &self,
         acc: &Accelerator<B>,
-        mode: Mode,
         parts: &StateParts<'_, B>,
+        local: Vec<u8>,
     ) -> Result<Vec<u8>, AccelerateError> {
-        let bytes = encode::<B, _>(self.optimizer.to_record())?;
-        match mode {
-            Mode::Local => Ok(bytes),
-            Mode::Gathered => {
-                let model = parts.model_of::<M>().ok_or_else(Self::no_model)?;
-                Ok(acc
-                    .strategy
-                    .gather_optimizer_record(model, bytes, &acc.device)?)
-            }
-        }
+        let model = parts.model_of::<M>().ok_or_else(Self::no_model)?;
+        Ok(acc
+            .strategy
+            .gather_optimizer_record(model, local, &acc.device)?)
     }
 
     fn stage(
@@ -393,12 +427,7 @@ struct SchedulerSlot<'a, S: LrScheduler, B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend, S: LrScheduler> Slot<B> for SchedulerSlot<'_, S, B> {
-    fn encode(
-        &self,
-        _acc: &Accelerator<B>,
-        _mode: Mode,
-        _parts: &StateParts<'_, B>,
-    ) -> Result<Vec<u8>, AccelerateError> {
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
         encode::<B, _>(self.scheduler.to_record::<B>())
     }
 
@@ -428,18 +457,8 @@ struct StatefulSlot<'a, T> {
 }
 
 impl<B: AutodiffBackend, T: Stateful> Slot<B> for StatefulSlot<'_, T> {
-    fn encode(
-        &self,
-        _acc: &Accelerator<B>,
-        _mode: Mode,
-        _parts: &StateParts<'_, B>,
-    ) -> Result<Vec<u8>, AccelerateError> {
-        self.value
-            .to_state_bytes()
-            .map_err(|reason| AccelerateError::InvalidPart {
-                part: std::any::type_name::<T>().into(),
-                reason: format!("encoding: {reason}"),
-            })
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        self.value.to_state_bytes().map_err(encoding_failed)
     }
 
     fn stage(
@@ -454,6 +473,39 @@ impl<B: AutodiffBackend, T: Stateful> Slot<B> for StatefulSlot<'_, T> {
             .value
             .with_state_bytes(&bytes)
             .map_err(|e| AccelerateError::corrupt(path, e))?;
+        self.staged = Some(loaded);
+        Ok(())
+    }
+
+    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        if let Some(loaded) = self.staged.take() {
+            *self.value = loaded;
+        }
+        Ok(())
+    }
+}
+
+/// A serde value: named MessagePack (exact floats, NaN included).
+struct SerdeSlot<'a, T> {
+    value: &'a mut T,
+    staged: Option<T>,
+}
+
+impl<B: AutodiffBackend, T: Serialize + DeserializeOwned> Slot<B> for SerdeSlot<'_, T> {
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        rmp_serde::to_vec_named(&*self.value).map_err(|e| encoding_failed(e.to_string()))
+    }
+
+    fn stage(
+        &mut self,
+        _acc: &Accelerator<B>,
+        _mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        _models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        let loaded =
+            rmp_serde::from_slice(&bytes).map_err(|e| AccelerateError::corrupt(path, e))?;
         self.staged = Some(loaded);
         Ok(())
     }

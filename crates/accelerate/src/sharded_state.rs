@@ -9,7 +9,7 @@ use afterburner_parallel::{ReduceOp, TrainingStrategy};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 
-use crate::parts::{Mode, StateParts};
+use crate::parts::StateParts;
 use crate::state::AcceleratorState;
 use crate::state_files::{MANIFEST, write_atomically};
 use crate::{AccelerateError, Accelerator};
@@ -27,7 +27,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let written = self.check_sharded_target(dir).and_then(|()| {
             let mine = self.rank_dir(dir);
             self.check_save_target(&mine)?;
-            write_atomically(&mine, &self.encode_parts(parts, Mode::Local)?)
+            write_atomically(&mine, &self.encode_parts(parts, |_| true)?)
         });
         self.all_ranks_succeeded(&written, "save_state")?;
         if self.is_main_process() {

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
-use crate::parts::{ACCELERATOR_PART, Mode, StateParts, part_file};
+use crate::parts::{ACCELERATOR_PART, Mode, Slot, StateParts, part_file};
 use crate::state_files::{MANIFEST, read_verified, write_atomically};
 use crate::{AccelerateError, Accelerator};
 
@@ -94,7 +94,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             (model.clone(), optimizer.clone(), scheduler.clone());
         self.save_parts(
             dir,
-            &mut classic_parts(&mut model, &mut optimizer, &mut scheduler),
+            &classic_parts(&mut model, &mut optimizer, &mut scheduler),
         )
     }
 
@@ -122,15 +122,16 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok((model, optimizer, scheduler))
     }
 
-    /// Saves every part of `parts` (models, optimizers, schedulers, [`Stateful`] objects)
-    /// and the Accelerator's own state to `dir`, like [`save_state`](Self::save_state) (same
-    /// atomicity, checks and strategies).
+    /// Saves every part of `parts` (models, optimizers, schedulers, serde values,
+    /// [`Stateful`] objects) and the Accelerator's own state to `dir`, like
+    /// [`save_state`](Self::save_state) (same atomicity, checks and strategies). Every rank
+    /// calls it, with the same parts in the same order.
     ///
     /// [`Stateful`]: crate::Stateful
     pub fn save_parts(
         &self,
         dir: impl AsRef<Path>,
-        parts: &mut StateParts<'_, B>,
+        parts: &StateParts<'_, B>,
     ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
         parts.check_names()?;
@@ -138,9 +139,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
         match self.strategy.state_layout() {
             StateLayout::Replicated => {
                 let written = match self.is_main_process() {
-                    true => self.check_save_target(dir).and_then(|()| {
-                        write_atomically(dir, &self.encode_parts(parts, Mode::Local)?)
-                    }),
+                    true => self
+                        .check_save_target(dir)
+                        .and_then(|()| write_atomically(dir, &self.encode_parts(parts, |_| true)?)),
                     false => Ok(()),
                 };
                 self.all_ranks_succeeded(&written, "save_state")?;
@@ -149,24 +150,50 @@ impl<B: AutodiffBackend> Accelerator<B> {
             StateLayout::PerRank => self.save_rank_part(dir, parts),
             StateLayout::Gathered => {
                 // Everything that can fail on one rank alone, before any collective.
-                let checked = self.check_save_target(dir);
-                self.all_ranks_succeeded(&checked, "save_state")?;
-                checked?;
-                let written = match self.encode_parts(parts, Mode::Gathered) {
-                    Ok(files) if self.is_main_process() => write_atomically(dir, &files),
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(e),
-                };
+                let local = self
+                    .check_save_target(dir)
+                    .and_then(|()| self.encode_parts(parts, |slot| slot.encodes_locally()));
+                self.all_ranks_succeeded(&local, "save_state")?;
+                let written = self.gather_parts(parts, local?).and_then(|files| {
+                    match self.is_main_process() {
+                        true => write_atomically(dir, &files),
+                        false => Ok(()),
+                    }
+                });
                 self.all_ranks_succeeded(&written, "save_state")?;
                 written
             }
         }
     }
 
+    /// Every part's gathered bytes from this rank's local ones (`files`, in part order, then
+    /// the Accelerator's own). Every rank runs every part's collectives in order, even after
+    /// an error on this rank (reported at the end), so none is left waiting.
+    fn gather_parts(
+        &self,
+        parts: &StateParts<'_, B>,
+        mut files: StateFiles,
+    ) -> Result<StateFiles, AccelerateError> {
+        let mut first_error = None;
+        for ((name, slot), (_, bytes)) in parts.parts.iter().zip(files.iter_mut()) {
+            match slot.gather(self, parts, std::mem::take(bytes)) {
+                Ok(gathered) => *bytes = gathered,
+                Err(e) => {
+                    first_error.get_or_insert(named(name, e));
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(files),
+        }
+    }
+
     /// Restores every part of `parts` in place from a state saved with the same part names,
     /// and this Accelerator's counters, loss scale, RNG stream and data position. A part the
     /// state lacks, or a part of the state not in `parts`, is an error naming it. Nothing
-    /// changes unless every part decodes (on every rank).
+    /// changes unless every part decodes (on every rank). Every rank calls it, under every
+    /// strategy (the ranks agree on the outcome), with the same parts in the same order.
     pub fn load_parts(
         &mut self,
         dir: impl AsRef<Path>,
@@ -181,15 +208,16 @@ impl<B: AutodiffBackend> Accelerator<B> {
         };
         self.all_ranks_succeeded(&read, "load_state")?;
         let (mut files, state) = read?;
-        if per_rank {
-            self.check_same_save(dir, &state)?;
-        }
+        // Every rank read one save (parts of a failed sharded save, or a stale shared view).
+        self.check_same_save(dir, &state)?;
         // Models first: a gathered optimizer is sharded by its loaded model's ids.
         parts.parts.sort_by_key(|(_, slot)| !slot.is_model());
-        for (_, slot) in parts.parts.iter_mut() {
-            slot.prepare_load(self, mode)?;
-        }
-        let staged = self.stage_parts(&source, mode, parts, &mut files, &state);
+        let prepared = parts
+            .parts
+            .iter_mut()
+            .try_for_each(|(_, slot)| slot.prepare_load(self, mode));
+        let staged =
+            prepared.and_then(|()| self.stage_parts(&source, mode, parts, &mut files, &state));
         self.all_ranks_succeeded(&staged, "load_state")?;
         let scaler = staged?;
         for (_, slot) in parts.parts.iter_mut() {
@@ -213,7 +241,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let (model_parts, other_parts) = parts.parts.split_at_mut(models);
         for (name, slot) in model_parts.iter_mut() {
             let bytes = take_file(files, &part_file(name));
-            slot.stage(self, mode, bytes, &source.join(part_file(name)), &[])?;
+            slot.stage(self, mode, bytes, &source.join(part_file(name)), &[])
+                .map_err(|e| named(name, e))?;
         }
         for (name, slot) in other_parts.iter_mut() {
             let bytes = take_file(files, &part_file(name));
@@ -223,7 +252,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 bytes,
                 &source.join(part_file(name)),
                 model_parts,
-            )?;
+            )
+            .map_err(|e| named(name, e))?;
         }
         let mut scaler = self.scaler.clone();
         if let (Some(scaler), Some(saved)) = (&mut scaler, state.scaler) {
@@ -294,15 +324,20 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok((files, state))
     }
 
-    /// Every part's file, and the Accelerator's own.
+    /// Every part's file (this rank's values; empty for the parts `encode` skips), and the
+    /// Accelerator's own, last. Local work only.
     pub(crate) fn encode_parts(
         &self,
         parts: &StateParts<'_, B>,
-        mode: Mode,
-    ) -> Result<Vec<(String, Vec<u8>)>, AccelerateError> {
+        encode: impl Fn(&dyn Slot<B>) -> bool,
+    ) -> Result<StateFiles, AccelerateError> {
         let mut files = Vec::with_capacity(parts.parts.len() + 1);
         for (name, slot) in &parts.parts {
-            files.push((part_file(name), slot.encode(self, mode, parts)?));
+            let bytes = match encode(slot.as_ref()) {
+                true => slot.encode(self).map_err(|e| named(name, e))?,
+                false => Vec::new(),
+            };
+            files.push((part_file(name), bytes));
         }
         let state = AcceleratorState {
             precision: self.config.precision,
@@ -366,6 +401,19 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 }
 
+/// `error` with the part's name where it names none.
+fn named(part: &str, error: AccelerateError) -> AccelerateError {
+    match error {
+        AccelerateError::InvalidPart { part: p, reason } if p.is_empty() => {
+            AccelerateError::InvalidPart {
+                part: part.to_string(),
+                reason,
+            }
+        }
+        other => other,
+    }
+}
+
 /// Takes the bytes of file `name` out of `files` (empty if absent: checked before).
 fn take_file(files: &mut Vec<(String, Vec<u8>)>, name: &str) -> Vec<u8> {
     match files.iter().position(|(n, _)| n == name) {
@@ -380,7 +428,7 @@ pub(crate) fn encode<B: AutodiffBackend, R: burn::record::Record<B>>(
 ) -> Result<Vec<u8>, AccelerateError> {
     Recorder::<B>::record(&StateRecorder::default(), record, ()).map_err(|e| {
         AccelerateError::InvalidPart {
-            part: std::any::type_name::<R>().into(),
+            part: String::new(),
             reason: format!("encoding: {e}"),
         }
     })

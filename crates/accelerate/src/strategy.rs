@@ -103,6 +103,18 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
         dispatch!(self, s => TrainingStrategy::<B>::group(s))
     }
 
+    fn rank(&self) -> usize {
+        dispatch!(self, s => TrainingStrategy::<B>::rank(s))
+    }
+
+    fn world_size(&self) -> usize {
+        dispatch!(self, s => TrainingStrategy::<B>::world_size(s))
+    }
+
+    fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::agree_on_skip(s, skip, device))
+    }
+
     fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
         dispatch!(self, s => TrainingStrategy::<B>::setup(s, model))
     }

@@ -11,7 +11,7 @@ use afterburner::demos::digits;
 use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
-    Strategy,
+    Stateful, Strategy,
 };
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 type Optim = OptimizerAdaptor<AdamW, Vit<B>, B>;
 
-/// A user's own training state: saved as a part because it is a serde type.
+/// A user's own training state, saved as a serde part.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct Tally {
     steps: u64,
@@ -36,6 +36,24 @@ struct Run {
     slow: Optim,
     lr: f64,
     tally: Tally,
+    best: Best,
+}
+
+/// The lowest loss so far, saved through a hand-written `Stateful` (its bits as 4 bytes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Best(f32);
+
+impl Stateful for Best {
+    fn to_state_bytes(&self) -> Result<Vec<u8>, String> {
+        Ok(self.0.to_le_bytes().to_vec())
+    }
+
+    fn with_state_bytes(&self, bytes: &[u8]) -> Result<Self, String> {
+        let bytes: [u8; 4] = bytes
+            .try_into()
+            .map_err(|_| "expected 4 bytes".to_string())?;
+        Ok(Best(f32::from_le_bytes(bytes)))
+    }
 }
 
 impl Run {
@@ -49,6 +67,7 @@ impl Run {
             slow,
             lr: 2e-3,
             tally: Tally::default(),
+            best: Best(f32::INFINITY),
         })
     }
 
@@ -58,7 +77,8 @@ impl Run {
             .optimizer::<Vit<B>, _>("optimizer", &mut self.fast)
             .optimizer::<Vit<B>, _>("slow_optimizer", &mut self.slow)
             .scheduler("scheduler", &mut self.lr)
-            .stateful("tally", &mut self.tally)
+            .serde("tally", &mut self.tally)
+            .stateful("best", &mut self.best)
     }
 
     /// Trains until `until` optimizer steps (48 digits, batches of 8: 6 steps an epoch),
@@ -71,7 +91,9 @@ impl Run {
             for batch in loader.epoch_from(epoch, start) {
                 let logits = acc.forward(&self.model, batch.images.clone(), |m, x| m.forward(x))?;
                 let loss = cross_entropy(logits, &batch);
-                self.tally.losses.push(loss.clone().into_scalar().elem());
+                let value: f32 = loss.clone().into_scalar().elem();
+                self.tally.losses.push(value);
+                self.best.0 = self.best.0.min(value);
                 acc.backward(loss, &self.model)?;
                 let optim = match acc.counters().optimizer_steps % 2 {
                     0 => &mut self.fast,
@@ -110,10 +132,11 @@ fn eight_steps(
                 acc.load_parts(dir, &mut run.parts())?;
                 assert_eq!(acc.counters().optimizer_steps, 4);
                 assert_eq!(run.tally.steps, 4, "the user's part is restored");
+                assert!(run.best.0.is_finite(), "the hand-written part is restored");
             }
             run.train_until(&mut acc, until)?;
             if let Some(dir) = &save {
-                acc.save_parts(dir, &mut run.parts())?;
+                acc.save_parts(dir, &run.parts())?;
             }
             Ok((flatten(&params(&acc.full_model(&run.model)?)), run.tally))
         };
@@ -190,7 +213,14 @@ fn a_stateful_part_and_a_second_optimizer_resume_bitwise_on_one_device() {
     let straight = eight_steps(&config, 1, None);
     let resumed = eight_steps(&config, 1, Some(dir.clone()));
     assert_bitwise(&resumed, &straight, "single device", false);
-    for part in ["model", "optimizer", "slow_optimizer", "scheduler", "tally"] {
+    for part in [
+        "model",
+        "optimizer",
+        "slow_optimizer",
+        "scheduler",
+        "tally",
+        "best",
+    ] {
         assert!(dir.join(format!("{part}.mpk")).is_file(), "{part} saved");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -231,25 +261,25 @@ fn a_missing_or_unknown_part_is_a_named_error_and_changes_nothing() {
     let mut acc = Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
     let mut run = Run::new(&acc, vit(8)).unwrap();
     run.train_until(&mut acc, 2).unwrap();
-    acc.save_parts(&dir, &mut run.parts()).unwrap();
+    acc.save_parts(&dir, &run.parts()).unwrap();
 
     let mut fresh_acc =
         Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
     let mut fresh = Run::new(&fresh_acc, vit(9)).unwrap();
     let before = flatten(&params(&fresh.model));
-    // The state holds `tally` and `slow_optimizer`, which the classic three do not name.
+    // The state holds `slow_optimizer`, `tally` and `best`, which the classic three do not name.
     let Err(err) = fresh_acc.load_state(&dir, fresh.model.clone(), fresh.fast.clone(), fresh.lr)
     else {
         panic!("a state with parts the call does not name must not load");
     };
     assert!(
-        matches!(&err, AccelerateError::UnknownPart { part, .. } if part == "slow_optimizer" || part == "tally"),
+        matches!(&err, AccelerateError::UnknownPart { part, .. } if ["slow_optimizer", "tally", "best"].contains(&part.as_str())),
         "{err}"
     );
     // A part the state lacks.
     let mut extra = Tally::default();
     let err = fresh_acc
-        .load_parts(&dir, &mut fresh.parts().stateful("extra", &mut extra))
+        .load_parts(&dir, &mut fresh.parts().serde("extra", &mut extra))
         .unwrap_err();
     assert!(
         matches!(&err, AccelerateError::MissingPart { part, .. } if part == "extra"),
@@ -261,9 +291,9 @@ fn a_missing_or_unknown_part_is_a_named_error_and_changes_nothing() {
     assert_eq!(flatten(&params(&fresh.model)), before, "nothing applied");
     // Bad names are refused before anything is written.
     let mut other = Tally::default();
-    for bad in ["", "a/b", "accelerator", "tally"] {
+    for bad in ["", "a/b", "accelerator", "tally", "Tally"] {
         let err = acc
-            .save_parts(&dir, &mut run.parts().stateful(bad, &mut other))
+            .save_parts(&dir, &run.parts().serde(bad, &mut other))
             .unwrap_err();
         assert!(
             matches!(err, AccelerateError::InvalidPart { .. }),
@@ -271,4 +301,52 @@ fn a_missing_or_unknown_part_is_a_named_error_and_changes_nothing() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A part that cannot be encoded on rank 1 (say, a logger that exists on rank 0 only).
+struct OnlyOnRank0(usize);
+
+impl Stateful for OnlyOnRank0 {
+    fn to_state_bytes(&self) -> Result<Vec<u8>, String> {
+        match self.0 {
+            0 => Ok(vec![1]),
+            rank => Err(format!("nothing to save on rank {rank}")),
+        }
+    }
+
+    fn with_state_bytes(&self, _bytes: &[u8]) -> Result<Self, String> {
+        Ok(OnlyOnRank0(self.0))
+    }
+}
+
+#[test]
+fn a_part_failing_on_one_rank_fails_a_gathered_save_on_every_rank_without_a_hang() {
+    let _rng = rng_lock();
+    let dir = temp_dir("one-rank-fails");
+    let config = AcceleratorConfig {
+        collective_timeout_s: 30.0,
+        ..distributed(Strategy::Fsdp, StateDictType::Full)
+    };
+    let initial = vit(8);
+    let target = dir.clone();
+    let errors = Accelerator::<B>::launch(config, vec![Default::default(); 2], move |mut acc| {
+        let mut run = Run::new(&acc, initial.clone())?;
+        run.train_until(&mut acc, 1)?;
+        let mut local = OnlyOnRank0(acc.rank());
+        // The failing part comes before the optimizers, whose gathers are collectives.
+        let parts = StateParts::new()
+            .model("model", &mut run.model)
+            .stateful("logger", &mut local)
+            .optimizer::<Vit<B>, _>("optimizer", &mut run.fast);
+        let err = acc
+            .save_parts(&target, &parts)
+            .expect_err("the save must fail");
+        // The ranks' collectives are still in step: one more all-reduce works.
+        acc.barrier()?;
+        Ok(err.to_string())
+    })
+    .unwrap();
+    assert!(errors[1].contains("logger"), "{errors:?}");
+    assert!(errors[0].contains("other rank"), "{errors:?}");
+    assert!(!dir.exists(), "nothing was written");
 }

@@ -106,12 +106,11 @@ where
     let mut flat = Flatten::<B>::default();
     model.visit(&mut flat);
     let total = flat.total;
+    if total == 0 {
+        return Ok(model); // no float parameters (the same model on every rank): nothing to send
+    }
     let sent = if rank == 0 { flat.concat() } else { None };
-    let received = match sent {
-        Some(t) => group.broadcast(Some(t), 0)?,
-        None if rank == 0 => return Ok(model), // no float parameters at all
-        None => group.broadcast(None, 0)?,
-    };
+    let received = group.broadcast(sent, 0)?;
     let [len] = received.dims();
     if len != total {
         return Err(ParallelError::Mismatch {

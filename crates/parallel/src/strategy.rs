@@ -83,7 +83,8 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
     }
 
     /// The model one forward pass runs on, with the parameters cast to `compute` when given;
-    /// `None` to run on `model` itself (the loop then applies its own precision view).
+    /// `None` to run on `model` itself (the loop then applies its own precision view). On an
+    /// error nothing is left pending for [`after_backward`](Self::after_backward).
     fn forward_view<M: Module<B>>(
         &self,
         model: &M,
@@ -107,6 +108,15 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
     ) -> Result<(), ParallelError> {
         let _ = (model, grads);
         Ok(())
+    }
+
+    /// Whether every rank skips this step, from this rank's `skip` (fp16 gradients that
+    /// overflowed). Ranks that reduce their gradients first see the same ones and agree as
+    /// they are (the default); a strategy that steps on local gradients (Local SGD) must make
+    /// every rank skip together, or the ranks' collectives fall out of step.
+    fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
+        let _ = device;
+        Ok(skip)
     }
 
     /// The squared L2 norm of the whole model's gradients from this rank's `local` one (the
@@ -143,9 +153,10 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
     }
 
     /// Whether an ordinary (full) state loads into this strategy by
-    /// [`shard_full_state`](Self::shard_full_state), whatever world size saved it.
+    /// [`shard_full_state`](Self::shard_full_state), whatever world size saved it. Default:
+    /// when the strategy saves one ([`StateLayout::Gathered`]).
     fn loads_full_state(&self) -> bool {
-        false
+        self.state_layout() == StateLayout::Gathered
     }
 
     /// Under [`StateLayout::Gathered`]: the optimizer record (Burn's named MessagePack at full

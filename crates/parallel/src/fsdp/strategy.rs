@@ -60,8 +60,14 @@ where
         model: &M,
         compute: Option<DType>,
     ) -> Result<Option<ForwardView<B, M>>, ParallelError> {
-        let (model, derived) = self.view_with_units(model, compute)?;
-        Ok(Some(ForwardView { model, derived }))
+        match self.view_with_units(model, compute) {
+            Ok((model, derived)) => Ok(Some(ForwardView { model, derived })),
+            Err(e) => {
+                // Returned here: not kept for the next backward's check.
+                let _ = self.check();
+                Err(e)
+            }
+        }
     }
 
     fn after_backward(&self) -> Result<(), ParallelError> {
