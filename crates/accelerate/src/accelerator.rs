@@ -405,7 +405,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.strategy.before_optimizer_step(&model, &mut grads);
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
-        let model = self.strategy.after_optimizer_step(model)?;
+        let step = self.counters.optimizer_steps + 1;
+        let model = self.strategy.after_optimizer_step(model, step)?;
         if let Some(scaler) = &mut self.scaler {
             scaler.update(false);
         }

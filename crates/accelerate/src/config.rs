@@ -1,6 +1,7 @@
 //! The Accelerator's settings, as data (serde) with documented defaults.
 
 use afterburner_checkpoint::CheckpointPolicy;
+use afterburner_localsgd::{DiLoCoConfig, LocalSgdConfig};
 use afterburner_parallel::FsdpConfig;
 use afterburner_precision::{GradScalerConfig, Precision};
 use std::fmt;
@@ -45,6 +46,12 @@ pub struct AcceleratorConfig {
     /// Options of `strategy = "fsdp"`, the `[fsdp]` table (Accelerate's `fsdp_config`):
     /// `sharding_strategy`, `auto_wrap_policy`, `state_dict_type` (see [`FsdpConfig`]).
     pub fsdp: FsdpConfig,
+    /// Options of `strategy = "local-sgd"`, the `[local_sgd]` table: `local_sgd_steps`
+    /// (default 8; see [`LocalSgdConfig`]).
+    pub local_sgd: LocalSgdConfig,
+    /// Options of `strategy = "diloco"`, the `[diloco]` table: `sync_every` (500),
+    /// `outer_lr` (0.7), `outer_momentum` (0.9), `nesterov` (true); see [`DiLoCoConfig`].
+    pub diloco: DiLoCoConfig,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
 }
@@ -64,6 +71,12 @@ pub enum Strategy {
     /// Fully sharded data parallel: each rank keeps `1 / world_size` of every parameter, its
     /// gradient and its optimizer state; units are gathered for each forward pass.
     Fsdp,
+    /// Local SGD: ranks step alone and average their parameters every `local_sgd_steps`
+    /// optimizer steps.
+    LocalSgd,
+    /// DiLoCo: ranks step alone; every `sync_every` steps an outer Nesterov step on the
+    /// averaged parameter change.
+    DiLoCo,
 }
 
 impl Strategy {
@@ -80,6 +93,8 @@ impl fmt::Display for Strategy {
             Self::Ddp => "ddp",
             Self::Zero1 => "zero-1",
             Self::Fsdp => "fsdp",
+            Self::LocalSgd => "local-sgd",
+            Self::DiLoCo => "diloco",
         })
     }
 }
@@ -93,10 +108,12 @@ impl FromStr for Strategy {
             "ddp" => Ok(Self::Ddp),
             "zero-1" | "zero1" => Ok(Self::Zero1),
             "fsdp" => Ok(Self::Fsdp),
+            "local-sgd" | "local_sgd" | "localsgd" => Ok(Self::LocalSgd),
+            "diloco" => Ok(Self::DiLoCo),
             _ => Err(AccelerateError::invalid(
                 "strategy",
                 s,
-                "one of: single-device, ddp, zero-1, fsdp",
+                "one of: single-device, ddp, zero-1, fsdp, local-sgd, diloco",
             )),
         }
     }
@@ -114,6 +131,8 @@ impl Default for AcceleratorConfig {
             strategy: Strategy::SingleDevice,
             devices: 1,
             fsdp: FsdpConfig::default(),
+            local_sgd: LocalSgdConfig::default(),
+            diloco: DiLoCoConfig::default(),
             collective_timeout_s: 300.0,
         }
     }
@@ -145,7 +164,7 @@ impl AcceleratorConfig {
             return Err(AccelerateError::invalid(
                 "devices",
                 self.devices,
-                "1 under strategy single-device (set strategy to ddp, zero-1 or fsdp)",
+                "1 under strategy single-device (set strategy to ddp, zero-1, fsdp, local-sgd or diloco)",
             ));
         }
         if !(self.collective_timeout_s.is_finite() && self.collective_timeout_s > 0.0) {
@@ -156,6 +175,8 @@ impl AcceleratorConfig {
             ));
         }
         self.grad_scaler.validate()?;
+        self.local_sgd.validate()?;
+        self.diloco.validate()?;
         Ok(())
     }
 }

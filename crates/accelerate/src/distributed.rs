@@ -29,7 +29,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             return Err(AccelerateError::invalid(
                 "strategy",
                 config.strategy,
-                "ddp, zero-1 or fsdp for a multi-device run",
+                "ddp, zero-1, fsdp, local-sgd or diloco for a multi-device run",
             ));
         }
         Self::build(config, device, Some(group))

@@ -40,6 +40,7 @@ mod strategy;
 pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;
 pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
+pub use afterburner_localsgd as localsgd;
 pub use afterburner_parallel as parallel;
 pub use afterburner_parallel::rng;
 pub use afterburner_parallel::{

@@ -155,8 +155,10 @@ impl<'a, B: AutodiffBackend> StateParts<'a, B> {
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
             let reason = if !plain {
                 "a part name is letters, digits, '-' and '_'"
-            } else if name == ACCELERATOR_PART {
+            } else if name.eq_ignore_ascii_case(ACCELERATOR_PART) {
                 "'accelerator' is the Accelerator's own part"
+            } else if name.eq_ignore_ascii_case(STRATEGY_PART) {
+                "'strategy' is the strategy's own part"
             } else if self.parts[..i]
                 .iter()
                 .any(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -183,6 +185,8 @@ impl<'a, B: AutodiffBackend> StateParts<'a, B> {
 
 /// The reserved name of the Accelerator's own part.
 pub(crate) const ACCELERATOR_PART: &str = "accelerator";
+/// The reserved name of the strategy's own part.
+pub(crate) const STRATEGY_PART: &str = "strategy";
 
 /// The file a part is saved in.
 pub(crate) fn part_file(name: &str) -> String {

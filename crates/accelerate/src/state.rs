@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::{StateLayout, TrainingStrategy};
+use afterburner_parallel::{StateLayout, StrategyState, TrainingStrategy};
 use afterburner_precision::{GradScaler, GradScalerState, Precision};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -27,12 +27,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
-use crate::parts::{ACCELERATOR_PART, Mode, Slot, StateParts, part_file};
+use crate::parts::{ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file};
 use crate::state_files::{MANIFEST, read_verified, write_atomically};
 use crate::{AccelerateError, Accelerator};
 
 /// The Accelerator's own part.
 const ACCELERATOR_FILE: &str = "accelerator.json";
+/// The strategy's own state (DiLoCo's global parameters, ...), when it keeps any.
+const STRATEGY_FILE: &str = "strategy.mpk";
 
 type StateRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
@@ -216,15 +218,38 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .parts
             .iter_mut()
             .try_for_each(|(_, slot)| slot.prepare_load(self, mode));
-        let staged =
-            prepared.and_then(|()| self.stage_parts(&source, mode, parts, &mut files, &state));
+        let staged = prepared
+            .and_then(|()| self.stage_parts(&source, mode, parts, &mut files, &state))
+            .and_then(|scaler| Ok((scaler, self.stage_own_state(&source, &mut files)?)));
         self.all_ranks_succeeded(&staged, "load_state")?;
-        let scaler = staged?;
+        let (scaler, own) = staged?;
         for (_, slot) in parts.parts.iter_mut() {
             slot.commit(self, mode)?;
         }
+        if let Some(own) = own {
+            self.strategy.load_own_state(own);
+        }
         self.restore(state, scaler);
         Ok(())
+    }
+
+    /// The strategy's own saved state, decoded and checked (`None` if the save has none).
+    fn stage_own_state(
+        &self,
+        source: &Path,
+        files: &mut StateFiles,
+    ) -> Result<Option<StrategyState>, AccelerateError> {
+        let Some(i) = files.iter().position(|(n, _)| n == STRATEGY_FILE) else {
+            return Ok(None);
+        };
+        let bytes = files.swap_remove(i).1;
+        let path = source.join(STRATEGY_FILE);
+        let own: StrategyState =
+            rmp_serde::from_slice(&bytes).map_err(|e| AccelerateError::corrupt(&path, e))?;
+        self.strategy
+            .check_own_state(&own)
+            .map_err(|e| AccelerateError::corrupt(&path, e))?;
+        Ok(Some(own))
     }
 
     /// Decodes every part (models first), changing nothing visible; returns the loss scaler
@@ -304,6 +329,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .map_err(|e| AccelerateError::corrupt(dir.join(ACCELERATOR_FILE), e))?;
         let saved: Vec<String> = files
             .iter()
+            .filter(|(n, _)| n != STRATEGY_FILE)
             .map(|(n, _)| n.strip_suffix(".mpk").unwrap_or(n).to_string())
             .collect();
         let wanted = parts.names();
@@ -354,6 +380,15 @@ impl<B: AutodiffBackend> Accelerator<B> {
             reason: e.to_string(),
         })?;
         files.push((ACCELERATOR_FILE.to_string(), json));
+        let own = self.strategy.own_state()?;
+        if !own.is_empty() {
+            let bytes =
+                rmp_serde::to_vec_named(&own).map_err(|e| AccelerateError::InvalidPart {
+                    part: STRATEGY_PART.into(),
+                    reason: e.to_string(),
+                })?;
+            files.push((STRATEGY_FILE.to_string(), bytes));
+        }
         Ok(files)
     }
 

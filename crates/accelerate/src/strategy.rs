@@ -2,9 +2,10 @@
 //! forwards every phase to the strategy it holds. The Accelerator only ever talks to it through
 //! [`TrainingStrategy`]; adding a strategy means a variant here and a line in each `match`.
 
+use afterburner_localsgd::{DiLoCo, LocalSgd};
 use afterburner_parallel::{
     Ddp, ForwardView, Fsdp, OptimizerSharding, ParallelError, ProcessGroup, ShardingStrategy,
-    SharedGroup, SingleDevice, StateLayout, TrainingStrategy, Zero1,
+    SharedGroup, SingleDevice, StateLayout, StrategyState, TrainingStrategy, Zero1,
 };
 use burn::module::{AutodiffModule, Module};
 use burn::optim::GradientsParams;
@@ -27,6 +28,10 @@ pub enum AnyStrategy<B: AutodiffBackend> {
     Zero1(Zero1<B, SharedGroup<Group<B>>>),
     /// `"fsdp"`.
     Fsdp(Fsdp<B, Group<B>>),
+    /// `"local-sgd"`.
+    LocalSgd(LocalSgd<B, SharedGroup<Group<B>>>),
+    /// `"diloco"`.
+    DiLoCo(DiLoCo<B, SharedGroup<Group<B>>>),
 }
 
 impl<B: AutodiffBackend> AnyStrategy<B> {
@@ -44,7 +49,7 @@ impl<B: AutodiffBackend> AnyStrategy<B> {
                 return Err(AccelerateError::invalid(
                     "strategy",
                     config.strategy,
-                    "ddp, zero-1 or fsdp for a multi-device run",
+                    "ddp, zero-1, fsdp, local-sgd or diloco for a multi-device run",
                 ));
             }
             Strategy::Ddp => Self::Ddp(Ddp::new(group)),
@@ -53,6 +58,8 @@ impl<B: AutodiffBackend> AnyStrategy<B> {
             }
             Strategy::Zero1 => Self::Zero1(Zero1::new(group)),
             Strategy::Fsdp => Self::Fsdp(Fsdp::new(group, config.fsdp.clone())?),
+            Strategy::LocalSgd => Self::LocalSgd(LocalSgd::new(group, config.local_sgd.clone())?),
+            Strategy::DiLoCo => Self::DiLoCo(DiLoCo::new(group, config.diloco.clone())?),
         })
     }
 
@@ -77,7 +84,23 @@ impl<B: AutodiffBackend> AnyStrategy<B> {
         match self {
             Self::Ddp(ddp) => ddp.all_reduce_count(),
             Self::Zero1(zero) => zero.ddp().all_reduce_count(),
-            Self::SingleDevice(_) | Self::Fsdp(_) => 0,
+            _ => 0,
+        }
+    }
+
+    /// The Local SGD state under `strategy = "local-sgd"` (parameter averages so far).
+    pub fn local_sgd(&self) -> Option<&LocalSgd<B, SharedGroup<Group<B>>>> {
+        match self {
+            Self::LocalSgd(local) => Some(local),
+            _ => None,
+        }
+    }
+
+    /// The DiLoCo state under `strategy = "diloco"` (outer steps so far).
+    pub fn diloco(&self) -> Option<&DiLoCo<B, SharedGroup<Group<B>>>> {
+        match self {
+            Self::DiLoCo(diloco) => Some(diloco),
+            _ => None,
         }
     }
 }
@@ -90,6 +113,8 @@ macro_rules! dispatch {
             AnyStrategy::Ddp($s) => $call,
             AnyStrategy::Zero1($s) => $call,
             AnyStrategy::Fsdp($s) => $call,
+            AnyStrategy::LocalSgd($s) => $call,
+            AnyStrategy::DiLoCo($s) => $call,
         }
     };
 }
@@ -151,8 +176,24 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
         dispatch!(self, s => s.before_optimizer_step(model, grads))
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::after_optimizer_step(s, model))
+    fn after_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        step: u64,
+    ) -> Result<M, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::after_optimizer_step(s, model, step))
+    }
+
+    fn own_state(&self) -> Result<StrategyState, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::own_state(s))
+    }
+
+    fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::check_own_state(s, state))
+    }
+
+    fn load_own_state(&mut self, state: StrategyState) {
+        dispatch!(self, s => TrainingStrategy::<B>::load_own_state(s, state))
     }
 
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {

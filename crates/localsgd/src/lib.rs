@@ -1,6 +1,25 @@
-//! Local SGD and DiLoCo for Burn, over `afterburner-parallel`'s collectives: workers step
-//! alone and average parameters every K steps (DiLoCo adds an outer Nesterov step).
+//! Local SGD and DiLoCo for [Burn](https://burn.dev), over `afterburner-parallel`'s
+//! collectives: workers take optimizer steps alone and sync parameters every K steps, so K
+//! times fewer bytes cross a slow link.
 //!
-//! Not built yet: this crate is empty until its issue lands. It holds no API today, on purpose.
+//! - [`LocalSgd`]: average the parameters every `local_sgd_steps` optimizer steps
+//!   (Accelerate's `LocalSGD`).
+//! - [`DiLoCo`]: every `sync_every` steps, an outer optimizer (SGD with Nesterov momentum)
+//!   steps a global copy of the parameters along the averaged pseudo-gradient
+//!   `global - local` (Douillard et al. 2023).
+//!
+//! Both are [`TrainingStrategy`](afterburner_parallel::TrainingStrategy)s: the `afterburner`
+//! Accelerator runs them with `strategy = "local-sgd"` or `"diloco"`, or call their phases from
+//! your own loop. Streaming DiLoCo comes later.
 
 #![warn(missing_docs)]
+
+mod config;
+mod diloco;
+mod local_sgd;
+mod outer;
+
+pub use config::{DiLoCoConfig, LocalSgdConfig};
+pub use diloco::DiLoCo;
+pub use local_sgd::LocalSgd;
+pub use outer::OuterSgd;

@@ -95,8 +95,8 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
 }
 
 /// Replaces every float parameter of `model` by rank 0's value (one broadcast; ids and
-/// `require_grad` kept).
-pub(crate) fn broadcast_from_rank0<B, G, M>(group: &G, model: M) -> Result<M, ParallelError>
+/// `require_grad` kept): how every data parallel strategy starts.
+pub fn broadcast_from_rank0<B, G, M>(group: &G, model: M) -> Result<M, ParallelError>
 where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + ?Sized,

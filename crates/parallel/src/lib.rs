@@ -39,13 +39,14 @@ mod local;
 mod loopback;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod params;
 pub mod rng;
 mod sampler;
 mod shared;
 mod strategy;
 mod zero;
 
-pub use ddp::Ddp;
+pub use ddp::{Ddp, broadcast_from_rank0};
 pub use error::ParallelError;
 pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, StateDictType};
 pub use group::{
@@ -58,7 +59,8 @@ pub use local::LocalGroup;
 pub use loopback::{LoopbackRun, run_on_loopback};
 #[cfg(feature = "mpi")]
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
+pub use params::{flat_params, with_flat_params};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
-pub use strategy::{ForwardView, SingleDevice, StateLayout, TrainingStrategy};
+pub use strategy::{ForwardView, SingleDevice, StateLayout, StrategyState, TrainingStrategy};
 pub use zero::{OptimizerSharding, Zero1};

@@ -136,9 +136,15 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
         let _ = (model, grads);
     }
 
-    /// Right after the optimizer stepped: e.g. share the new values, refresh buffers, or
-    /// (Local SGD) average the replicas every K steps.
-    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+    /// Right after the optimizer stepped, the `step`-th optimizer step of the run (from 1,
+    /// restored on resume): e.g. share the new values, refresh buffers, or (Local SGD) average
+    /// the replicas every K steps.
+    fn after_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        step: u64,
+    ) -> Result<M, ParallelError> {
+        let _ = step;
         Ok(model)
     }
 
@@ -189,11 +195,59 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
         Ok(full)
     }
 
+    /// The strategy's own training state, saved with the model (e.g. DiLoCo's global
+    /// parameters and outer momentum); empty when it keeps none.
+    fn own_state(&self) -> Result<StrategyState, ParallelError> {
+        Ok(StrategyState::default())
+    }
+
+    /// Errors unless `state` (from [`own_state`](Self::own_state)) fits this strategy and
+    /// model; changes nothing. Called on every rank before anything of a load is applied.
+    fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
+        match state.tensors.is_empty() {
+            true => Ok(()),
+            false => Err(ParallelError::Record(format!(
+                "the state holds {} strategy tensors; {} keeps none",
+                state.tensors.len(),
+                self.name()
+            ))),
+        }
+    }
+
+    /// Restores a state [`check_own_state`](Self::check_own_state) accepted.
+    fn load_own_state(&mut self, state: StrategyState) {
+        let _ = state;
+    }
+
     /// After a state was loaded into `model`: refresh what the strategy derives from the
     /// parameters.
     fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
         let _ = model;
         Ok(())
+    }
+}
+
+/// A strategy's own training state: named f32 tensors (flattened) and counters.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StrategyState {
+    /// Named tensors, e.g. `("global", values)`.
+    pub tensors: Vec<(String, Vec<f32>)>,
+    /// Named counters.
+    pub counters: Vec<(String, u64)>,
+}
+
+impl StrategyState {
+    /// Whether there is nothing to save.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty() && self.counters.is_empty()
+    }
+
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<&[f32]> {
+        self.tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
     }
 }
 

@@ -199,7 +199,11 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Zero
             .keep_owned(model, grads);
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+    fn after_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        _step: u64,
+    ) -> Result<M, ParallelError> {
         match &self.sharding {
             Some(sharding) => sharding.share_params(self.ddp.group(), model),
             None => Ok(model),

@@ -84,7 +84,11 @@ where
         Ok(total.into_scalar().elem::<f64>())
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+    fn after_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        _step: u64,
+    ) -> Result<M, ParallelError> {
         self.after_step(&model)?;
         Ok(model)
     }

@@ -1,0 +1,107 @@
+//! [`LocalSgd`]: every rank steps alone; every `local_sgd_steps` optimizer steps the
+//! parameters are averaged across ranks (one flat all-reduce).
+
+use std::marker::PhantomData;
+
+use afterburner_parallel::{
+    ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy, broadcast_from_rank0,
+    flat_params, with_flat_params,
+};
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
+
+use crate::LocalSgdConfig;
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Local SGD over a process group: rank 0's parameters at setup, no gradient exchange, the
+/// parameters averaged (mean) every `local_sgd_steps` optimizer steps, counted from the start
+/// of the run (so a resumed run averages at the same steps). Each rank's optimizer state stays
+/// its own, so each rank saves its own part of the training state.
+pub struct LocalSgd<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
+    group: G,
+    config: LocalSgdConfig,
+    averages: u64,
+    backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> LocalSgd<B, G> {
+    /// Local SGD over `group`; errors on an invalid config.
+    pub fn new(group: G, config: LocalSgdConfig) -> Result<Self, ParallelError> {
+        config.validate()?;
+        Ok(Self {
+            group,
+            config,
+            averages: 0,
+            backend: PhantomData,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LocalSgdConfig {
+        &self.config
+    }
+
+    /// Parameter averages so far (one all-reduce each).
+    pub fn averages(&self) -> u64 {
+        self.averages
+    }
+
+    /// `model` with every rank's mean parameters (one all-reduce); e.g. at the end of
+    /// training, when the last period was cut short.
+    pub fn average<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
+        let Some(flat) = flat_params::<B, M>(&model) else {
+            return Ok(model);
+        };
+        let mean = self.group.all_reduce(flat, ReduceOp::Mean)?;
+        self.averages += 1;
+        Ok(with_flat_params::<B, M>(model, mean))
+    }
+}
+
+/// Whether any rank passes `yes` (one small all-reduce).
+pub(crate) fn any_rank<B: AutodiffBackend, G: ProcessGroup<Inner<B>> + ?Sized>(
+    group: &G,
+    yes: bool,
+    device: &B::Device,
+) -> Result<bool, ParallelError> {
+    let flag = Tensor::<Inner<B>, 1>::from_floats([f32::from(u8::from(yes))], device);
+    let sum = group.all_reduce(flag, ReduceOp::Sum)?.into_scalar();
+    Ok(sum.elem::<f32>() > 0.5)
+}
+
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for LocalSgd<B, G> {
+    fn name(&self) -> &'static str {
+        "local-sgd"
+    }
+
+    fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
+        Some(&self.group)
+    }
+
+    fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        broadcast_from_rank0(&self.group, model)
+    }
+
+    /// Ranks step on their own gradients: all skip an fp16 step if any overflowed, so they
+    /// keep counting the same steps.
+    fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
+        any_rank::<B, G>(&self.group, skip, device)
+    }
+
+    fn after_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        step: u64,
+    ) -> Result<M, ParallelError> {
+        match step.is_multiple_of(self.config.local_sgd_steps as u64) {
+            true => self.average(model),
+            false => Ok(model),
+        }
+    }
+
+    fn state_layout(&self) -> StateLayout {
+        StateLayout::PerRank
+    }
+}
