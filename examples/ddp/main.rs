@@ -6,8 +6,15 @@
 //! cargo run --release --example ddp -- --workers 2 --epochs 10
 //! ```
 //! Options: --workers N (default 2; on the CPU each worker is a thread), --epochs N,
-//! --batch-size N (per worker), --strategy ddp|zero-1|fsdp (fsdp: one unit per transformer
-//! block, parameters, gradients and optimizer state sharded across the workers).
+//! --batch-size N (per worker), --strategy ddp|zero-1|fsdp|local-sgd|diloco (fsdp: one unit
+//! per transformer block, parameters, gradients and optimizer state sharded across the
+//! workers; local-sgd: parameters averaged every --local-sgd-steps N optimizer steps, default
+//! 8; diloco: an outer Nesterov step every --sync-every N steps, default 50).
+//!
+//! ```text
+//! cargo run --release --example ddp -- --strategy local-sgd --local-sgd-steps 8
+//! cargo run --release --example ddp -- --strategy diloco --sync-every 50
+//! ```
 //!
 //! With `--mpi` (build with `--features mpi`) each process started by `mpirun` is one rank
 //! instead (`--workers` is then `mpirun -np`):
@@ -24,6 +31,7 @@ mod backend;
 
 use afterburner::demos::models::VitConfig;
 use afterburner::demos::{ImageBatcher, ImageDataset, digits};
+use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
 use backend::{B, device};
 use burn::data::dataset::Dataset;
@@ -40,6 +48,7 @@ const BATCHER: ImageBatcher = ImageBatcher {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut workers, mut epochs, mut batch_size, mut strategy) = (2, 10, 32, Strategy::Ddp);
     let mut mpi = false;
+    let (mut local_sgd_steps, mut sync_every) = (8, 50);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--mpi" {
@@ -52,6 +61,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--epochs" => epochs = value.parse()?,
             "--batch-size" => batch_size = value.parse()?,
             "--strategy" => strategy = value.parse()?,
+            "--local-sgd-steps" => local_sgd_steps = value.parse()?,
+            "--sync-every" => sync_every = value.parse()?,
             other => return Err(format!("unknown option '{other}' (see the file's header)").into()),
         }
     }
@@ -61,6 +72,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         devices: workers,
         fsdp: FsdpConfig {
             auto_wrap_policy: "TransformerEncoderLayer".parse()?,
+            ..Default::default()
+        },
+        local_sgd: LocalSgdConfig { local_sgd_steps },
+        diloco: DiLoCoConfig {
+            sync_every,
             ..Default::default()
         },
         ..Default::default()
@@ -147,13 +163,16 @@ fn train_and_evaluate(
         }
         if acc.is_main_process() {
             println!(
-                "epoch {epoch}: rank 0 mean loss {:.4} ({} optimizer steps, {} gradient all-reduces)",
+                "epoch {epoch}: rank 0 mean loss {:.4} ({} optimizer steps, {} gradient all-reduces, {} parameter syncs)",
                 total / loader.num_batches() as f64,
                 acc.counters().optimizer_steps,
-                acc.gradient_all_reduces()
+                acc.gradient_all_reduces(),
+                acc.parameter_syncs()
             );
         }
     }
+    // Local SGD / DiLoCo: a last sync if the last period was cut short (a no-op otherwise).
+    let model = acc.finish(model)?;
     // Each rank scores its shard; gather_for_metrics puts them back in test-set order.
     let n_test = test.len();
     let mut correct = Vec::new();

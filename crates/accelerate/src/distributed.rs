@@ -129,6 +129,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.strategy.optimizer_sharding()
     }
 
+    /// Parameter syncs so far: Local SGD's averages, DiLoCo's outer steps (one all-reduce of
+    /// the parameters each); 0 under the other strategies.
+    pub fn parameter_syncs(&self) -> u64 {
+        self.strategy.parameter_syncs()
+    }
+
     /// Gradient all-reduces so far (one per optimizer step under DDP; 0 on a single device).
     pub fn gradient_all_reduces(&self) -> u64 {
         self.strategy.gradient_all_reduces()
@@ -249,6 +255,20 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// outside [`forward`](Self::forward).
     pub fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, AccelerateError> {
         Ok(self.strategy.full_model(model)?)
+    }
+
+    /// Ends training: under `local-sgd` and `diloco`, a last sync when the last period was
+    /// cut short, so every rank returns the same model (Accelerate's `LocalSGD` exit);
+    /// elsewhere `model` as is. Every rank calls it, after its last `step`.
+    pub fn finish<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, AccelerateError> {
+        if self.pending_micro_batches() > 0 {
+            return Err(AccelerateError::CallOrder(format!(
+                "finish() with {} micro-batch gradients pending: call step() until the cycle ends",
+                self.pending_micro_batches()
+            )));
+        }
+        let steps = self.counters.optimizer_steps;
+        Ok(self.strategy.finish(model, steps)?)
     }
 
     /// The FSDP state under `strategy = "fsdp"`: units, shard sizes, collective counts.

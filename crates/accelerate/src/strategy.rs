@@ -88,6 +88,15 @@ impl<B: AutodiffBackend> AnyStrategy<B> {
         }
     }
 
+    /// Parameter syncs so far (Local SGD averages, DiLoCo outer steps).
+    pub fn parameter_syncs(&self) -> u64 {
+        match self {
+            Self::LocalSgd(local) => local.averages(),
+            Self::DiLoCo(diloco) => diloco.syncs(),
+            _ => 0,
+        }
+    }
+
     /// The Local SGD state under `strategy = "local-sgd"` (parameter averages so far).
     pub fn local_sgd(&self) -> Option<&LocalSgd<B, SharedGroup<Group<B>>>> {
         match self {
@@ -194,6 +203,10 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
 
     fn load_own_state(&mut self, state: StrategyState) {
         dispatch!(self, s => TrainingStrategy::<B>::load_own_state(s, state))
+    }
+
+    fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::finish(s, model, steps))
     }
 
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {

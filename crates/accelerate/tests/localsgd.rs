@@ -28,14 +28,9 @@ fn config(strategy: Strategy) -> AcceleratorConfig {
     }
 }
 
-/// Number of syncs (averages, outer steps, or gradient all-reduces) the strategy counted.
+/// Number of syncs (parameter averages, outer steps, or gradient all-reduces) so far.
 fn syncs(acc: &Accelerator<B>) -> u64 {
-    let strategy = acc.strategy();
-    match (strategy.local_sgd(), strategy.diloco()) {
-        (Some(local), _) => local.averages(),
-        (_, Some(diloco)) => diloco.syncs(),
-        _ => acc.gradient_all_reduces(),
-    }
+    acc.parameter_syncs() + acc.gradient_all_reduces()
 }
 
 /// Trains 2 workers with SGD for `steps` optimizer steps (48 digits, batches of 8).
@@ -94,6 +89,38 @@ fn local_sgd_replicas_meet_at_every_average_and_differ_between() {
         );
     }
     assert_eq!(ranks[0].1, 2, "one all-reduce per average (steps 3 and 6)");
+}
+
+#[test]
+fn finish_syncs_a_period_cut_short() {
+    let _rng = rng_lock();
+    for strategy in [Strategy::LocalSgd, Strategy::DiLoCo] {
+        let initial = vit(8);
+        let ranks = Accelerator::<B>::launch(
+            config(strategy),
+            vec![Default::default(); 2],
+            move |mut acc| {
+                let (mut model, mut optim) = acc.setup(initial.clone(), SgdConfig::new().init())?;
+                let loader = acc.dataloader(digits::load()?.take(64), BATCHER, 8)?;
+                for batch in loader.epoch(0) {
+                    let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+                    acc.backward(cross_entropy(logits, &batch), &model)?;
+                    model = acc.step(model, &mut optim, &mut 0.1)?;
+                }
+                // 4 steps (32 digits per rank): synced at 3, step 4 is local.
+                let before = flatten(&params(&model));
+                let model = acc.finish(model)?;
+                Ok((before, flatten(&params(&model)), syncs(&acc)))
+            },
+        )
+        .unwrap();
+        assert_ne!(ranks[0].0, ranks[1].0, "{strategy}: apart before finish");
+        assert_eq!(ranks[0].1, ranks[1].1, "{strategy}: equal after finish");
+        assert_eq!(
+            ranks[0].2, 2,
+            "{strategy}: the sync at step 3 and the final one"
+        );
+    }
 }
 
 #[test]

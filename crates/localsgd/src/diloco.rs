@@ -115,6 +115,14 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         }
     }
 
+    /// A last outer step unless the last step just synced.
+    fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
+        match steps.is_multiple_of(self.config.sync_every as u64) {
+            true => Ok(model),
+            false => self.sync(model),
+        }
+    }
+
     fn state_layout(&self) -> StateLayout {
         StateLayout::PerRank
     }

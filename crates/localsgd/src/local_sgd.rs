@@ -101,6 +101,14 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Loca
         }
     }
 
+    /// A last average unless the last step just averaged.
+    fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
+        match steps.is_multiple_of(self.config.local_sgd_steps as u64) {
+            true => Ok(model),
+            false => self.average(model),
+        }
+    }
+
     fn state_layout(&self) -> StateLayout {
         StateLayout::PerRank
     }

@@ -148,6 +148,13 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
         Ok(model)
     }
 
+    /// At the end of training, after `steps` optimizer steps: e.g. (Local SGD) a last
+    /// average when the last period was cut short, so every rank ends with the same model.
+    fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
+        let _ = steps;
+        Ok(model)
+    }
+
     /// The whole model with full parameters (every rank must call it when it gathers).
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
         Ok(model.clone())
