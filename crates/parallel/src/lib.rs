@@ -43,6 +43,7 @@ mod params;
 pub mod rng;
 mod sampler;
 mod shared;
+mod slow_link;
 mod strategy;
 mod zero;
 
@@ -62,5 +63,6 @@ pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use params::{flat_params, with_flat_params};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
+pub use slow_link::SlowLink;
 pub use strategy::{ForwardView, SingleDevice, StateLayout, StrategyState, TrainingStrategy};
 pub use zero::{OptimizerSharding, Zero1};

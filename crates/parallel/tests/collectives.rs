@@ -149,3 +149,20 @@ fn a_boxed_or_shared_group_reaches_every_engine_method() {
         ]
     );
 }
+
+#[test]
+fn a_slow_link_counts_the_bytes_each_rank_sends() {
+    let device = Default::default();
+    let link = afterburner_parallel::SlowLink::new(
+        Counting::default(),
+        std::time::Duration::from_millis(20),
+        1e6,
+    );
+    let sent = link.bytes_sent();
+    link.all_reduce(Tensor::<Flex, 1>::ones([1000], &device), ReduceOp::Sum)
+        .unwrap();
+    link.broadcast(Some(Tensor::<Flex, 1>::ones([10], &device)), 0)
+        .unwrap();
+    // Its time cost is measured in the bench, never asserted here.
+    assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 4040);
+}

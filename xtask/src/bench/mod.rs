@@ -7,10 +7,12 @@
 //!   engine receives per FSDP step, in-process and over MPI (`traffic`).
 //! - `data`: time per epoch of reading + batching (with a simulated step) with the loader's
 //!   background thread and without it.
+//! - `localsgd`: DDP vs Local SGD vs DiLoCo behind a slow link (wall time, bytes, accuracy).
 
 mod checkpoint;
 mod data;
 mod ddp;
+mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
 mod precision;
@@ -55,8 +57,10 @@ const CHECKPOINT_DEFAULTS: Defaults = (4, 2, 32, 2);
 const DDP_DEFAULTS: Defaults = (10, 3, 32, 2);
 /// Data suite: (epochs, warm-up epochs, batch size, rounds).
 const DATA_DEFAULTS: Defaults = (3, 1, 64, 3);
+/// Local SGD suite: (optimizer steps, unused, batch size per worker, unused).
+const LOCALSGD_DEFAULTS: Defaults = (200, 0, 32, 1);
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|data|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|data|localsgd|all] \
 [--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|all (checkpoint suite)]";
 
@@ -105,14 +109,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let given = parse(args)?;
     let suite = given.suite.as_deref().unwrap_or("all");
     let suites: &[Suite] = match suite {
-        "all" => &[Suite::Precision, Suite::Checkpoint, Suite::Ddp, Suite::Data],
+        "all" => &[
+            Suite::Precision,
+            Suite::Checkpoint,
+            Suite::Ddp,
+            Suite::Data,
+            Suite::LocalSgd,
+        ],
         "precision" => &[Suite::Precision],
         "checkpoint" => &[Suite::Checkpoint],
         "ddp" => &[Suite::Ddp],
         "data" => &[Suite::Data],
+        "localsgd" => &[Suite::LocalSgd],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, ddp, data, all"
+                "unknown suite '{other}'; valid: precision, checkpoint, ddp, data, localsgd, all"
             ));
         }
     };
@@ -122,6 +133,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Checkpoint => CHECKPOINT_DEFAULTS,
             Suite::Ddp => DDP_DEFAULTS,
             Suite::Data => DATA_DEFAULTS,
+            Suite::LocalSgd => LOCALSGD_DEFAULTS,
         };
         on_backend(&given.options(defaults), suite)?;
     }
@@ -134,6 +146,7 @@ enum Suite {
     Checkpoint,
     Ddp,
     Data,
+    LocalSgd,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
@@ -144,6 +157,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Checkpoint => checkpoint::bench::<$inner>(o),
                 Suite::Ddp => ddp::bench::<$inner>(o),
                 Suite::Data => data::bench::<$inner>(o),
+                Suite::LocalSgd => localsgd::bench::<$inner>(o),
             }
         };
     }
