@@ -383,8 +383,15 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.reduce_pending(&model)?;
         let summary = self.unscale_pending(&model, want_norm)?;
         let mut grads = self.pending.take().unwrap_or_default();
-        let overflow = self.scaler.is_some() && summary.is_some_and(|s| !s.is_finite());
-        let skip = self.strategy.agree_on_skip(overflow, &self.device)?;
+        // Only fp16 skips steps (the precision is the same on every rank, so every rank
+        // takes this branch or none: no collective on the other modes' steps).
+        let skip = match self.scaler.is_some() {
+            true => {
+                let overflow = summary.is_some_and(|s| !s.is_finite());
+                self.strategy.agree_on_skip(overflow, &self.device)?
+            }
+            false => false,
+        };
         if let Some(scaler) = &mut self.scaler
             && skip
         {

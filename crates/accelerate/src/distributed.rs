@@ -268,6 +268,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
             )));
         }
         let steps = self.counters.optimizer_steps;
+        if !self.same_on_every_rank(&[steps as f64])? {
+            return Err(AccelerateError::RanksDisagree(format!(
+                "finish(): the ranks took different numbers of optimizer steps (this one {steps}); \
+                 every rank must call it after the same steps"
+            )));
+        }
         Ok(self.strategy.finish(model, steps)?)
     }
 

@@ -28,6 +28,8 @@ pub struct DiLoCo<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     global: Mutex<Option<Tensor<Inner<B>, 1>>>,
     outer: OuterSgd<Inner<B>>,
     syncs: u64,
+    /// The step `finish` last synced at (a second call is a no-op).
+    finished_at: Option<u64>,
 }
 
 impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
@@ -41,6 +43,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
             global: Mutex::new(None),
             outer,
             syncs: 0,
+            finished_at: None,
         })
     }
 
@@ -66,7 +69,18 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
         let Some(local) = flat_params::<B, M>(&model) else {
             return Ok(model);
         };
-        let global = self.global().unwrap_or_else(|| local.clone());
+        let global = self.global().ok_or_else(not_set_up)?;
+        if global.dims() != local.dims() {
+            return Err(ParallelError::Mismatch {
+                rank: self.group.rank(),
+                reason: format!(
+                    "DiLoCo's global copy has {} values, the model {}: DiLoCo trains the one \
+                     model set up first",
+                    global.dims()[0],
+                    local.dims()[0]
+                ),
+            });
+        }
         let pseudo_gradient = self
             .group
             .all_reduce(global.clone() - local, ReduceOp::Mean)?;
@@ -74,6 +88,14 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
         *self.global.lock().unwrap_or_else(PoisonError::into_inner) = Some(global.clone());
         self.syncs += 1;
         Ok(with_flat_params::<B, M>(model, global))
+    }
+}
+
+fn not_set_up() -> ParallelError {
+    ParallelError::InvalidConfig {
+        field: "diloco",
+        value: "not set up".into(),
+        expected: "setup(model) before training or loading a state",
     }
 }
 
@@ -94,9 +116,14 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         Some(&self.group)
     }
 
+    /// Rank 0's parameters on every rank; the first model set up is the one DiLoCo keeps a
+    /// global copy of.
     fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
         let model = broadcast_from_rank0(&self.group, model)?;
-        *self.global.lock().unwrap_or_else(PoisonError::into_inner) = flat_params::<B, M>(&model);
+        let mut global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
+        if global.is_none() {
+            *global = flat_params::<B, M>(&model);
+        }
         Ok(model)
     }
 
@@ -115,12 +142,22 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         }
     }
 
-    /// A last outer step unless the last step just synced.
+    /// A last outer step unless the last step (or an earlier `finish`) just synced.
     fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
-        match steps.is_multiple_of(self.config.sync_every as u64) {
-            true => Ok(model),
-            false => self.sync(model),
+        if steps.is_multiple_of(self.config.sync_every as u64) || self.finished_at == Some(steps) {
+            return Ok(model);
         }
+        self.finished_at = Some(steps);
+        self.sync(model)
+    }
+
+    /// A loaded model is the new global copy, with no momentum, unless the state carries
+    /// DiLoCo's own (restored right after, overriding this).
+    fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
+        *self.global.lock().unwrap_or_else(PoisonError::into_inner) = flat_params::<B, M>(model);
+        self.outer.buffer = None;
+        self.syncs = 0;
+        Ok(())
     }
 
     fn state_layout(&self) -> StateLayout {
@@ -142,18 +179,17 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
     }
 
     fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
-        let expected = self.global().map(|g| g.dims()[0]);
+        let expected = self.global().ok_or_else(not_set_up)?.dims()[0];
         for (name, values) in &state.tensors {
             if !matches!(name.as_str(), "global" | "outer_momentum") {
                 return Err(ParallelError::Record(format!(
                     "DiLoCo state: unknown tensor '{name}'"
                 )));
             }
-            if expected.is_some_and(|len| len != values.len()) {
+            if values.len() != expected {
                 return Err(ParallelError::Record(format!(
-                    "DiLoCo state: '{name}' holds {} values, the model has {}",
-                    values.len(),
-                    expected.unwrap_or(0)
+                    "DiLoCo state: '{name}' holds {} values, the model has {expected}",
+                    values.len()
                 )));
             }
         }

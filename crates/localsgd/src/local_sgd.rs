@@ -23,6 +23,8 @@ pub struct LocalSgd<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     group: G,
     config: LocalSgdConfig,
     averages: u64,
+    /// The step `finish` last synced at (a second call is a no-op).
+    finished_at: Option<u64>,
     backend: PhantomData<B>,
 }
 
@@ -34,6 +36,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> LocalSgd<B, G> {
             group,
             config,
             averages: 0,
+            finished_at: None,
             backend: PhantomData,
         })
     }
@@ -101,12 +104,15 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Loca
         }
     }
 
-    /// A last average unless the last step just averaged.
+    /// A last average unless the last step (or an earlier `finish`) just averaged.
     fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
-        match steps.is_multiple_of(self.config.local_sgd_steps as u64) {
-            true => Ok(model),
-            false => self.average(model),
+        if steps.is_multiple_of(self.config.local_sgd_steps as u64)
+            || self.finished_at == Some(steps)
+        {
+            return Ok(model);
         }
+        self.finished_at = Some(steps);
+        self.average(model)
     }
 
     fn state_layout(&self) -> StateLayout {
