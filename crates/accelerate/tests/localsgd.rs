@@ -236,3 +236,74 @@ fn local_sgd_settings_parse_and_name_bad_values() {
     let err = bad.validate().unwrap_err().to_string();
     assert!(err.contains("local_sgd.local_sgd_steps"), "{err}");
 }
+
+/// Trains from a saved state under `config` until step 6 (2 workers, AdamW); returns rank 0's
+/// parameters and syncs.
+fn continue_to_six(config: AcceleratorConfig, dir: PathBuf) -> (Vec<f32>, u64) {
+    let initial = vit(9); // other weights: the loaded state must replace them
+    let ranks = Accelerator::<B>::launch(config, vec![Default::default(); 2], move |mut acc| {
+        let (model, optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        let (mut model, mut optim, _) = acc.load_state(&dir, model, optim, 1e-3)?;
+        let loader = acc.dataloader(digits::load()?.take(48), BATCHER, 8)?;
+        let (mut epoch, mut start) = acc.data_position();
+        while acc.counters().optimizer_steps < 6 {
+            for batch in loader.epoch_from(epoch, start) {
+                let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+                acc.backward(cross_entropy(logits, &batch), &model)?;
+                model = acc.step(model, &mut optim, &mut 1e-3)?;
+                if acc.counters().optimizer_steps == 6 {
+                    break;
+                }
+            }
+            (epoch, start) = (epoch + 1, 0);
+        }
+        Ok((flatten(&params(&model)), acc.parameter_syncs()))
+    })
+    .unwrap();
+    ranks[0].clone()
+}
+
+#[test]
+fn diloco_continues_a_local_sgd_save_from_the_loaded_weights() {
+    let _rng = rng_lock();
+    let dir = std::env::temp_dir().join(format!("afterburner-lsgd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // 4 steps of Local SGD (K = 3), saved mid-period.
+    let initial = vit(8);
+    let target = dir.clone();
+    Accelerator::<B>::launch(
+        config(Strategy::LocalSgd),
+        vec![Default::default(); 2],
+        move |mut acc| {
+            let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+            let loader = acc.dataloader(digits::load()?.take(48), BATCHER, 8)?;
+            for batch in loader.epoch(0).chain(loader.epoch(1)).take(4) {
+                let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+                acc.backward(cross_entropy(logits, &batch), &model)?;
+                model = acc.step(model, &mut optim, &mut 1e-3)?;
+            }
+            acc.save_state(&target, &model, &optim, &1e-3)
+        },
+    )
+    .unwrap();
+    // Continued by Local SGD (its average count restored) and by DiLoCo with outer lr 1 and
+    // no momentum: the same step 6 only if DiLoCo's global copy is the loaded model.
+    let (local, local_syncs) = continue_to_six(config(Strategy::LocalSgd), dir.clone());
+    let plain_diloco = AcceleratorConfig {
+        diloco: DiLoCoConfig {
+            sync_every: 3,
+            outer_lr: 1.0,
+            outer_momentum: 0.0,
+            nesterov: false,
+        },
+        ..config(Strategy::DiLoCo)
+    };
+    let (diloco, _) = continue_to_six(plain_diloco, dir.clone());
+    assert_eq!(
+        local_syncs, 2,
+        "Local SGD's average count is saved and restored"
+    );
+    let diff = max_rel(&diloco, &local, 1e-3);
+    assert!(diff < 1e-5, "max rel diff {diff:e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

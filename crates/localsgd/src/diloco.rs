@@ -151,10 +151,15 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         self.sync(model)
     }
 
-    /// A loaded model is the new global copy, with no momentum, unless the state carries
-    /// DiLoCo's own (restored right after, overriding this).
+    /// The ranks' mean of a loaded model (their parts may differ, e.g. a Local SGD save in
+    /// the middle of a period) is the new global copy, with no momentum, unless the state
+    /// carries DiLoCo's own (restored right after, overriding this). One all-reduce.
     fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
-        *self.global.lock().unwrap_or_else(PoisonError::into_inner) = flat_params::<B, M>(model);
+        let global = match flat_params::<B, M>(model) {
+            Some(flat) => Some(self.group.all_reduce(flat, ReduceOp::Mean)?),
+            None => None,
+        };
+        *self.global.lock().unwrap_or_else(PoisonError::into_inner) = global;
         self.outer.buffer = None;
         self.syncs = 0;
         Ok(())

@@ -4,8 +4,8 @@
 use std::marker::PhantomData;
 
 use afterburner_parallel::{
-    ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy, broadcast_from_rank0,
-    flat_params, with_flat_params,
+    ParallelError, ProcessGroup, ReduceOp, StateLayout, StrategyState, TrainingStrategy,
+    broadcast_from_rank0, flat_params, with_flat_params,
 };
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
@@ -117,5 +117,28 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Loca
 
     fn state_layout(&self) -> StateLayout {
         StateLayout::PerRank
+    }
+
+    /// The number of averages, so `parameter_syncs` continues after a resume.
+    fn own_state(&self) -> Result<StrategyState, ParallelError> {
+        Ok(StrategyState {
+            tensors: Vec::new(),
+            counters: vec![("averages".to_string(), self.averages)],
+        })
+    }
+
+    fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
+        match state.tensors.first() {
+            None => Ok(()),
+            Some((name, _)) => Err(ParallelError::Record(format!(
+                "Local SGD keeps no tensors; the state holds '{name}' (saved by another strategy)"
+            ))),
+        }
+    }
+
+    fn load_own_state(&mut self, state: StrategyState) {
+        if let Some((_, averages)) = state.counters.iter().find(|(n, _)| n == "averages") {
+            self.averages = *averages;
+        }
     }
 }
