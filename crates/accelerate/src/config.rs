@@ -119,6 +119,9 @@ impl FromStr for Strategy {
     }
 }
 
+/// The longest `collective_timeout_s` accepted: one week.
+const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
+
 impl Default for AcceleratorConfig {
     fn default() -> Self {
         Self {
@@ -167,11 +170,12 @@ impl AcceleratorConfig {
                 "1 under strategy single-device (set strategy to ddp, zero-1, fsdp, local-sgd or diloco)",
             ));
         }
-        if !(self.collective_timeout_s.is_finite() && self.collective_timeout_s > 0.0) {
+        // A finite, bounded wait: a Duration cannot hold 1e300 s (and a week is no timeout).
+        if !(self.collective_timeout_s > 0.0 && self.collective_timeout_s <= MAX_TIMEOUT_S) {
             return Err(AccelerateError::invalid(
                 "collective_timeout_s",
                 self.collective_timeout_s,
-                "a finite number of seconds > 0",
+                "a number of seconds > 0 and at most 604800 (one week)",
             ));
         }
         self.grad_scaler.validate()?;
@@ -222,5 +226,22 @@ mod tests {
             .validate()
             .is_err()
         );
+        // Unknown keys inside a nested table are errors too.
+        let err = serde_json::from_str::<AcceleratorConfig>(r#"{"grad_scaler": {"init_scal": 8}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("init_scal"), "{err}");
+    }
+
+    #[test]
+    fn a_huge_or_infinite_timeout_is_named_not_a_panic() {
+        for bad in [1e300, f64::INFINITY, f64::NAN, 0.0, -1.0] {
+            let c = AcceleratorConfig {
+                collective_timeout_s: bad,
+                ..Default::default()
+            };
+            let msg = c.validate().unwrap_err().to_string();
+            assert!(msg.contains("collective_timeout_s"), "{bad}: {msg}");
+        }
     }
 }

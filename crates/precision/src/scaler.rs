@@ -11,7 +11,7 @@ use crate::grads::{self, GradSummary};
 
 /// Settings of the dynamic loss scale; the defaults are PyTorch's.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct GradScalerConfig {
     /// Starting scale. Default 65536 (2^16).
     pub init_scale: f64,
