@@ -244,3 +244,32 @@ fn grad_op_and_size_policy_equal_ddp() {
     let (fsdp, _) = check_against_ddp(2, whole);
     assert_eq!(fsdp.units, 1);
 }
+
+#[test]
+fn an_auto_wrap_name_that_matches_no_module_is_named() {
+    let _rng = rng_lock();
+    let initial = Net::<B>::new(1, &Default::default());
+    let errors = launch::<Flex, _, String, _>(
+        vec![Default::default(); 2],
+        LaunchConfig::default(),
+        move |group| {
+            let config = FsdpConfig {
+                auto_wrap_policy: AutoWrapPolicy::Modules(vec!["Block".into(), "Blok".into()]),
+                ..Default::default()
+            };
+            let fsdp =
+                Fsdp::<B, _>::new(SharedGroup::new(group), config).map_err(|e| e.to_string())?;
+            match fsdp.shard(initial.clone()) {
+                Ok(_) => Err("a misspelt unit type must not shard silently as one unit".into()),
+                Err(e) => Ok(e.to_string()),
+            }
+        },
+    )
+    .unwrap();
+    for e in errors {
+        assert!(
+            e.contains("fsdp.auto_wrap_policy") && e.contains("Blok") && e.contains("Block"),
+            "{e}"
+        );
+    }
+}

@@ -165,6 +165,33 @@ impl<B: Backend> ModuleVisitor<B> for Walk {
     }
 }
 
+/// The names of an auto-wrap `Modules` policy that are no module type of `model` (each would
+/// silently wrap nothing), and the model's module types (sorted) to name in an error.
+pub(crate) fn unmatched_module_names<B: Backend, M: Module<B>>(
+    model: &M,
+    policy: &AutoWrapPolicy,
+) -> (Vec<String>, Vec<String>) {
+    let AutoWrapPolicy::Modules(names) = policy else {
+        return (Vec::new(), Vec::new());
+    };
+    let mut walk = Walk::default();
+    model.visit(&mut walk);
+    let mut types: Vec<String> = walk
+        .params
+        .iter()
+        .flat_map(|p| p.containers.iter())
+        .filter_map(|c| c.strip_prefix("Struct:").map(str::to_string))
+        .collect();
+    types.sort();
+    types.dedup();
+    let unmatched = names
+        .iter()
+        .filter(|n| !types.contains(n))
+        .cloned()
+        .collect();
+    (unmatched, types)
+}
+
 /// The unit (module path) of each parameter under `policy`.
 fn unit_keys(params: &[Found], policy: &AutoWrapPolicy) -> Vec<String> {
     match policy {
