@@ -1,0 +1,300 @@
+//! The slots behind each kind of part: how a model, an optimizer, a scheduler or a value
+//! encodes, stages a load (decodes, changing nothing) and commits it.
+
+use std::any::Any;
+use std::marker::PhantomData;
+use std::path::Path;
+
+use afterburner_parallel::TrainingStrategy;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::optim::lr_scheduler::LrScheduler;
+use burn::tensor::backend::AutodiffBackend;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Mode, Part, Slot, StateParts, Stateful};
+use crate::state::{decode_record, encode};
+use crate::{AccelerateError, Accelerator};
+
+/// An encoding error (the part's name is added by the caller).
+fn encoding_failed(reason: String) -> AccelerateError {
+    AccelerateError::InvalidPart {
+        part: String::new(),
+        reason: format!("encoding: {reason}"),
+    }
+}
+
+pub(super) struct ModelSlot<'a, M> {
+    model: &'a mut M,
+    /// Under a gathered load: the full-shaped model first, then with the record loaded.
+    staged: Option<M>,
+}
+
+impl<'a, M> ModelSlot<'a, M> {
+    pub(super) fn new(model: &'a mut M) -> Self {
+        Self {
+            model,
+            staged: None,
+        }
+    }
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'_, M> {
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        encode::<B, _>(self.model.clone().into_record())
+    }
+
+    /// The full model (a collective), encoded by the rank that writes.
+    fn gather(
+        &self,
+        acc: &Accelerator<B>,
+        _parts: &StateParts<'_, B>,
+        _local: Vec<u8>,
+    ) -> Result<Vec<u8>, AccelerateError> {
+        let full = acc.strategy.full_model(&*self.model)?;
+        match acc.is_main_process() {
+            true => encode::<B, _>(full.into_record()),
+            false => Ok(Vec::new()),
+        }
+    }
+
+    /// Under a gathered save the model is encoded from its full form only.
+    fn encodes_locally(&self) -> bool {
+        false
+    }
+
+    fn prepare_load(&mut self, acc: &Accelerator<B>, mode: Mode) -> Result<(), AccelerateError> {
+        if mode == Mode::Gathered {
+            self.staged = Some(acc.strategy.full_model(&*self.model)?);
+        }
+        Ok(())
+    }
+
+    fn stage(
+        &mut self,
+        acc: &Accelerator<B>,
+        _mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        _models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        let record = decode_record::<B, M::Record>(bytes, &acc.device, path)?;
+        let template = self.staged.take().unwrap_or_else(|| self.model.clone());
+        self.staged = Some(template.load_record(record));
+        Ok(())
+    }
+
+    fn commit(&mut self, acc: &mut Accelerator<B>, mode: Mode) -> Result<(), AccelerateError> {
+        let Some(loaded) = self.staged.take() else {
+            return Ok(());
+        };
+        let loaded = acc.to_param_dtype(loaded);
+        let loaded = match mode {
+            Mode::Local => loaded,
+            Mode::Gathered => acc.strategy.shard_full_state(loaded)?,
+        };
+        acc.strategy.after_load(&loaded)?;
+        *self.model = loaded;
+        Ok(())
+    }
+
+    fn model(&self) -> Option<&dyn Any> {
+        Some(&*self.model)
+    }
+
+    fn staged_model(&self) -> Option<&dyn Any> {
+        self.staged.as_ref().map(|m| m as &dyn Any)
+    }
+
+    fn is_model(&self) -> bool {
+        true
+    }
+}
+
+pub(super) struct OptimizerSlot<'a, M, O: Optimizer<M, B>, B: AutodiffBackend>
+where
+    M: AutodiffModule<B>,
+{
+    optimizer: &'a mut O,
+    staged: Option<O::Record>,
+    model: PhantomData<M>,
+}
+
+impl<'a, B, M, O> OptimizerSlot<'a, M, O, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + 'static,
+    O: Optimizer<M, B>,
+{
+    pub(super) fn new(optimizer: &'a mut O) -> Self {
+        Self {
+            optimizer,
+            staged: None,
+            model: PhantomData,
+        }
+    }
+
+    fn no_model() -> AccelerateError {
+        AccelerateError::InvalidPart {
+            part: std::any::type_name::<O>().into(),
+            reason: format!(
+                "a full (gathered) state saves an optimizer with its model: add the {} as a \
+                 model part",
+                std::any::type_name::<M>()
+            ),
+        }
+    }
+}
+
+impl<B, M, O> Slot<B> for OptimizerSlot<'_, M, O, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + 'static,
+    O: Optimizer<M, B>,
+{
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        encode::<B, _>(self.optimizer.to_record())
+    }
+
+    fn gather(
+        &self,
+        acc: &Accelerator<B>,
+        parts: &StateParts<'_, B>,
+        local: Vec<u8>,
+    ) -> Result<Vec<u8>, AccelerateError> {
+        let model = parts.model_of::<M>().ok_or_else(Self::no_model)?;
+        Ok(acc
+            .strategy
+            .gather_optimizer_record(model, local, &acc.device)?)
+    }
+
+    fn stage(
+        &mut self,
+        acc: &Accelerator<B>,
+        mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        let bytes = match mode {
+            Mode::Local => bytes,
+            Mode::Gathered => {
+                // The record names parameters by the ids of the model just loaded.
+                let full = models
+                    .iter()
+                    .find_map(|(_, slot)| slot.staged_model()?.downcast_ref::<M>())
+                    .ok_or_else(Self::no_model)?;
+                acc.strategy.shard_optimizer_record(full, bytes)?
+            }
+        };
+        self.staged = Some(decode_record::<B, O::Record>(bytes, &acc.device, path)?);
+        Ok(())
+    }
+
+    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        if let Some(record) = self.staged.take() {
+            *self.optimizer = self.optimizer.clone().load_record(record);
+        }
+        Ok(())
+    }
+}
+
+pub(super) struct SchedulerSlot<'a, S: LrScheduler, B: AutodiffBackend> {
+    scheduler: &'a mut S,
+    staged: Option<S::Record<B>>,
+}
+
+impl<'a, B: AutodiffBackend, S: LrScheduler> SchedulerSlot<'a, S, B> {
+    pub(super) fn new(scheduler: &'a mut S) -> Self {
+        Self {
+            scheduler,
+            staged: None,
+        }
+    }
+}
+
+impl<B: AutodiffBackend, S: LrScheduler> Slot<B> for SchedulerSlot<'_, S, B> {
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        encode::<B, _>(self.scheduler.to_record::<B>())
+    }
+
+    fn stage(
+        &mut self,
+        acc: &Accelerator<B>,
+        _mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        _models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        self.staged = Some(decode_record::<B, S::Record<B>>(bytes, &acc.device, path)?);
+        Ok(())
+    }
+
+    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        if let Some(record) = self.staged.take() {
+            *self.scheduler = self.scheduler.clone().load_record::<B>(record);
+        }
+        Ok(())
+    }
+}
+
+/// A value saved through a pair of conversions to and from bytes: a serde value (named
+/// MessagePack: exact floats, NaN included) or a [`Stateful`] object.
+pub(super) struct ValueSlot<'a, T> {
+    value: &'a mut T,
+    staged: Option<T>,
+    to_bytes: fn(&T) -> Result<Vec<u8>, String>,
+    /// The value with the bytes loaded, from the current one (a new value: nothing changes
+    /// until commit).
+    from_bytes: fn(&T, &[u8]) -> Result<T, String>,
+}
+
+impl<'a, T: Serialize + DeserializeOwned> ValueSlot<'a, T> {
+    pub(super) fn serde(value: &'a mut T) -> Self {
+        Self {
+            value,
+            staged: None,
+            to_bytes: |v| rmp_serde::to_vec_named(v).map_err(|e| e.to_string()),
+            from_bytes: |_, bytes| rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+impl<'a, T: Stateful> ValueSlot<'a, T> {
+    pub(super) fn stateful(value: &'a mut T) -> Self {
+        Self {
+            value,
+            staged: None,
+            to_bytes: T::to_state_bytes,
+            from_bytes: T::with_state_bytes,
+        }
+    }
+}
+
+impl<B: AutodiffBackend, T> Slot<B> for ValueSlot<'_, T> {
+    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+        (self.to_bytes)(self.value).map_err(encoding_failed)
+    }
+
+    fn stage(
+        &mut self,
+        _acc: &Accelerator<B>,
+        _mode: Mode,
+        bytes: Vec<u8>,
+        path: &Path,
+        _models: &[Part<'_, B>],
+    ) -> Result<(), AccelerateError> {
+        let loaded =
+            (self.from_bytes)(self.value, &bytes).map_err(|e| AccelerateError::corrupt(path, e))?;
+        self.staged = Some(loaded);
+        Ok(())
+    }
+
+    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+        if let Some(loaded) = self.staged.take() {
+            *self.value = loaded;
+        }
+        Ok(())
+    }
+}
