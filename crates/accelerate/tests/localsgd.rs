@@ -8,6 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use afterburner::demos::digits;
+use afterburner::demos::models::Vit;
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::optim::{AdamWConfig, SgdConfig};
@@ -153,6 +154,30 @@ fn diloco_with_outer_lr_1_and_no_momentum_is_local_sgd() {
     assert_ne!(nesterov[0].0.last(), local[0].0.last());
 }
 
+/// Trains (lr 1e-3, 48 digits, batches of 8) from the Accelerator's data position until
+/// optimizer step `until`.
+fn train_until<O: burn::optim::Optimizer<Vit<B>, B>>(
+    acc: &mut Accelerator<B>,
+    mut model: Vit<B>,
+    optim: &mut O,
+    until: u64,
+) -> Result<Vit<B>, AccelerateError> {
+    let loader = acc.dataloader(digits::load()?.take(48), BATCHER, 8)?;
+    let (mut epoch, mut start) = acc.data_position();
+    while acc.counters().optimizer_steps < until {
+        for batch in loader.epoch_from(epoch, start) {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, optim, &mut 1e-3)?;
+            if acc.counters().optimizer_steps == until {
+                return Ok(model);
+            }
+        }
+        (epoch, start) = (epoch + 1, 0);
+    }
+    Ok(model)
+}
+
 /// DiLoCo (H = 3, AdamW inside) for 7 steps: straight, or saved after step 4 (mid-round,
 /// after one outer step with momentum) and resumed by new Accelerators.
 fn diloco_seven_steps(dir: Option<PathBuf>) -> Vec<Vec<f32>> {
@@ -168,20 +193,7 @@ fn diloco_seven_steps(dir: Option<PathBuf>) -> Vec<Vec<f32>> {
                     (model, optim, _) = acc.load_state(dir, model, optim, 1e-3)?;
                     assert_eq!(acc.strategy().diloco().unwrap().syncs(), 1);
                 }
-                let loader = acc.dataloader(digits::load()?.take(48), BATCHER, 8)?;
-                let (mut epoch, mut start) = acc.data_position();
-                while acc.counters().optimizer_steps < until {
-                    for batch in loader.epoch_from(epoch, start) {
-                        let logits =
-                            acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
-                        acc.backward(cross_entropy(logits, &batch), &model)?;
-                        model = acc.step(model, &mut optim, &mut 1e-3)?;
-                        if acc.counters().optimizer_steps == until {
-                            break;
-                        }
-                    }
-                    (epoch, start) = (epoch + 1, 0);
-                }
+                model = train_until(&mut acc, model, &mut optim, until)?;
                 if let Some(dir) = &save {
                     acc.save_state(dir, &model, &optim, &1e-3)?;
                 }
@@ -244,19 +256,7 @@ fn continue_to_six(config: AcceleratorConfig, dir: PathBuf) -> (Vec<f32>, u64) {
     let ranks = Accelerator::<B>::launch(config, vec![Default::default(); 2], move |mut acc| {
         let (model, optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
         let (mut model, mut optim, _) = acc.load_state(&dir, model, optim, 1e-3)?;
-        let loader = acc.dataloader(digits::load()?.take(48), BATCHER, 8)?;
-        let (mut epoch, mut start) = acc.data_position();
-        while acc.counters().optimizer_steps < 6 {
-            for batch in loader.epoch_from(epoch, start) {
-                let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
-                acc.backward(cross_entropy(logits, &batch), &model)?;
-                model = acc.step(model, &mut optim, &mut 1e-3)?;
-                if acc.counters().optimizer_steps == 6 {
-                    break;
-                }
-            }
-            (epoch, start) = (epoch + 1, 0);
-        }
+        model = train_until(&mut acc, model, &mut optim, 6)?;
         Ok((flatten(&params(&model)), acc.parameter_syncs()))
     })
     .unwrap();
