@@ -27,6 +27,15 @@ pub enum AccelerateError {
         /// What is allowed.
         expected: &'static str,
     },
+    /// A training argument (Trainer setting, file or command-line value) out of range or
+    /// unknown.
+    #[error("invalid training argument '{key}': {reason}")]
+    InvalidArgument {
+        /// The key, as written in a file or on the command line.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A call made in the wrong order (e.g. `step` before any `backward`, `save_state` in the
     /// middle of an accumulation cycle).
     #[error("{0}")]
@@ -117,6 +126,21 @@ impl AccelerateError {
             field,
             value: value.to_string(),
             expected,
+        }
+    }
+
+    pub(crate) fn argument(
+        key: impl ToString,
+        value: impl ToString,
+        expected: impl ToString,
+    ) -> Self {
+        Self::InvalidArgument {
+            key: key.to_string(),
+            reason: format!(
+                "{} given, expected {}",
+                value.to_string(),
+                expected.to_string()
+            ),
         }
     }
 

@@ -36,6 +36,7 @@ mod sharded_state;
 mod state;
 mod state_files;
 mod strategy;
+pub mod trainer;
 
 pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;

@@ -165,3 +165,19 @@ fn remove_other_world_sizes(dir: &Path, world: usize) {
         }
     }
 }
+
+/// Whether `dir` holds a complete afterburner state: a manifest of its own (a replicated or
+/// gathered save) or rank directories with manifests (a sharded one).
+pub(crate) fn is_state_dir(dir: &Path) -> bool {
+    if dir.join(MANIFEST).is_file() {
+        return true;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    let mut ranks = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(RANK_PREFIX))
+        .peekable();
+    ranks.peek().is_some() && ranks.all(|e| e.path().join(MANIFEST).is_file())
+}

@@ -11,5 +11,6 @@ pub mod cifar10;
 pub mod digits;
 mod image;
 pub mod models;
+mod steps;
 
 pub use image::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, train_test_split};

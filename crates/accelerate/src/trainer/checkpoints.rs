@@ -1,0 +1,123 @@
+//! The Trainer's checkpoint directories: `output_dir/checkpoint-<step>/`, the newest one, and
+//! rotation by `save_total_limit` that never deletes the best checkpoint.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::AccelerateError;
+use crate::sharded_state::is_state_dir;
+
+const PREFIX: &str = "checkpoint-";
+
+/// The directory of the checkpoint at optimizer step `step`.
+pub fn checkpoint_dir(output_dir: &Path, step: u64) -> PathBuf {
+    output_dir.join(format!("{PREFIX}{step}"))
+}
+
+/// Every complete checkpoint in `output_dir` (a `checkpoint-<step>` directory holding a
+/// saved state), oldest step first. Other entries are left alone.
+pub fn list_checkpoints(output_dir: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = fs::read_dir(output_dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix(PREFIX)?.parse::<u64>().ok()?;
+            let kind = entry.file_type().ok()?;
+            (kind.is_dir() && is_state_dir(&entry.path())).then(|| (step, entry.path()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The checkpoint `resume_from_checkpoint` names: "latest" (the newest complete checkpoint
+/// in `output_dir`) or a directory.
+pub fn resolve_checkpoint(output_dir: &Path, resume: &str) -> Result<PathBuf, AccelerateError> {
+    if resume == "latest" {
+        return list_checkpoints(output_dir)
+            .pop()
+            .map(|(_, dir)| dir)
+            .ok_or_else(|| {
+                AccelerateError::argument(
+                    "resume_from_checkpoint",
+                    "\"latest\"",
+                    format!(
+                        "a complete checkpoint-<step> directory in {}, which has none",
+                        output_dir.display()
+                    ),
+                )
+            });
+    }
+    let dir = PathBuf::from(resume);
+    match is_state_dir(&dir) {
+        true => Ok(dir),
+        false => Err(AccelerateError::argument(
+            "resume_from_checkpoint",
+            resume,
+            "a checkpoint directory holding a saved state, or \"latest\"",
+        )),
+    }
+}
+
+/// The checkpoints to delete so that at most `limit` remain: the oldest ones, never `best`
+/// (kept in addition to the newest `limit - 1` when it is older than them) and never the
+/// newest.
+pub fn checkpoints_to_delete(
+    checkpoints: &[(u64, PathBuf)],
+    limit: usize,
+    best: Option<&Path>,
+) -> Vec<PathBuf> {
+    let is_best = |dir: &Path| best.is_some_and(|b| same_dir(b, dir));
+    let limit = limit.max(1);
+    let window = checkpoints.len().saturating_sub(limit);
+    let best_older = checkpoints[..window].iter().any(|(_, dir)| is_best(dir));
+    let newest_kept = match best_older {
+        true => (limit - 1).max(1),
+        false => limit,
+    };
+    let cut = checkpoints.len().saturating_sub(newest_kept);
+    checkpoints[..cut]
+        .iter()
+        .filter(|(_, dir)| !is_best(dir))
+        .map(|(_, dir)| dir.clone())
+        .collect()
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    a == b
+        || a.file_name()
+            .is_some_and(|name| Some(name) == b.file_name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs(steps: &[u64]) -> Vec<(u64, PathBuf)> {
+        steps
+            .iter()
+            .map(|s| (*s, checkpoint_dir(Path::new("out"), *s)))
+            .collect()
+    }
+
+    #[test]
+    fn rotation_keeps_the_best_and_the_newest() {
+        let all = dirs(&[10, 20, 30, 40]);
+        let best = checkpoint_dir(Path::new("out"), 10);
+        let gone = checkpoints_to_delete(&all, 2, Some(&best));
+        assert_eq!(gone, vec![all[1].1.clone(), all[2].1.clone()]);
+        // Without a best, the newest two stay.
+        let gone = checkpoints_to_delete(&all, 2, None);
+        assert_eq!(gone, vec![all[0].1.clone(), all[1].1.clone()]);
+        // A limit of 1 with a best older than the newest keeps both (as HF does).
+        let gone = checkpoints_to_delete(&all, 1, Some(&best));
+        assert_eq!(gone, vec![all[1].1.clone(), all[2].1.clone()]);
+        // The best among the newest: plain rotation.
+        let best = checkpoint_dir(Path::new("out"), 40);
+        let gone = checkpoints_to_delete(&all, 2, Some(&best));
+        assert_eq!(gone, vec![all[0].1.clone(), all[1].1.clone()]);
+    }
+}

@@ -1,0 +1,162 @@
+//! `TrainingArguments` from the command line, like HF's `HfArgumentParser`: every key is a
+//! `--kebab-case` option (`--num-train-epochs 3`, `--bf16`), `--config FILE` reads a TOML or
+//! JSON file first, and the options given override it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::args::{TrainingArguments, read_file};
+use crate::AccelerateError;
+
+/// Older names HF still accepts, with the key they set.
+const ALIASES: [(&str, &str); 1] = [("evaluation_strategy", "eval_strategy")];
+
+impl TrainingArguments {
+    /// Arguments from command-line options (without the program name): `--config FILE`,
+    /// then `--key value`, `--key=value` or, for a flag, `--key` alone. Unknown options are
+    /// errors; `--help` returns an error whose message lists every key with its default.
+    pub fn from_args<I, S>(args: I) -> Result<Self, AccelerateError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let (args, _) = Self::from_args_with(args, &[])?;
+        Ok(args)
+    }
+
+    /// [`from_args`](Self::from_args) that also accepts the program's own options `extra`
+    /// (kebab-case names without the dashes, each taking a value) and returns their values.
+    pub fn from_args_with<I, S>(
+        args: I,
+        extra: &[&str],
+    ) -> Result<(Self, BTreeMap<String, String>), AccelerateError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let defaults = defaults();
+        let mut overrides = Map::new();
+        let mut own = BTreeMap::new();
+        let mut config_file = None;
+        let mut tokens = args.into_iter().map(Into::into).peekable();
+        while let Some(token) = tokens.next() {
+            let Some(option) = token.strip_prefix("--") else {
+                return Err(AccelerateError::argument(
+                    &token,
+                    "a bare word",
+                    "--key value options (see --help)",
+                ));
+            };
+            let (name, inline) = match option.split_once('=') {
+                Some((name, value)) => (name.to_string(), Some(value.to_string())),
+                None => (option.to_string(), None),
+            };
+            if name == "help" {
+                return Err(AccelerateError::Usage(help(&defaults, extra)));
+            }
+            let key = name.replace('-', "_");
+            let key = ALIASES
+                .iter()
+                .find(|(alias, _)| *alias == key)
+                .map_or(key.clone(), |(_, key)| key.to_string());
+            let is_flag = matches!(defaults.get(&key), Some(Value::Bool(_)));
+            let mut value = || -> Result<String, AccelerateError> {
+                if let Some(v) = inline.clone() {
+                    return Ok(v);
+                }
+                let takes_next = match (is_flag, tokens.peek()) {
+                    (true, Some(next)) => next == "true" || next == "false",
+                    (false, Some(_)) => true,
+                    (_, None) => false,
+                };
+                match (takes_next, is_flag) {
+                    (true, _) => Ok(tokens.next().unwrap_or_default()),
+                    (false, true) => Ok("true".into()),
+                    (false, false) => Err(AccelerateError::argument(
+                        format!("--{name}"),
+                        "nothing",
+                        "a value after it",
+                    )),
+                }
+            };
+            if name == "config" {
+                config_file = Some(value()?);
+            } else if extra.contains(&name.as_str()) {
+                own.insert(name.clone(), value()?);
+            } else if let Some(default) = defaults.get(&key) {
+                let parsed = typed(&name, &value()?, default)?;
+                overrides.insert(key, parsed);
+            } else {
+                return Err(AccelerateError::argument(
+                    format!("--{name}"),
+                    "an unknown option",
+                    "a TrainingArguments key in kebab-case (see --help)",
+                ));
+            }
+        }
+        let mut merged = match config_file {
+            Some(path) => match read_file(Path::new(&path))? {
+                Value::Object(map) => map,
+                _ => {
+                    return Err(AccelerateError::argument(
+                        "--config",
+                        path,
+                        "a file holding a table of keys",
+                    ));
+                }
+            },
+            None => Map::new(),
+        };
+        merged.extend(overrides);
+        Ok((Self::from_value(Value::Object(merged))?, own))
+    }
+}
+
+/// Every key with its default value, as JSON.
+fn defaults() -> Map<String, Value> {
+    match serde_json::to_value(TrainingArguments::default()) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    }
+}
+
+/// `text` as the JSON type of the key's default: a number, a flag, a string; for a key whose
+/// default is unset, a number or flag when it reads as one, else a string.
+fn typed(name: &str, text: &str, default: &Value) -> Result<Value, AccelerateError> {
+    let as_json = || serde_json::from_str::<Value>(text).ok();
+    let bad = |expected: &str| AccelerateError::argument(format!("--{name}"), text, expected);
+    match default {
+        Value::Number(_) => as_json()
+            .filter(Value::is_number)
+            .ok_or_else(|| bad("a number")),
+        Value::Bool(_) => match text {
+            "true" => Ok(Value::Bool(true)),
+            "false" => Ok(Value::Bool(false)),
+            _ => Err(bad("true or false")),
+        },
+        Value::Null => Ok(as_json()
+            .filter(|v| v.is_number() || v.is_boolean())
+            .unwrap_or_else(|| Value::String(text.into()))),
+        _ => Ok(Value::String(text.into())),
+    }
+}
+
+/// The `--help` text: every option with its default.
+fn help(defaults: &Map<String, Value>, extra: &[&str]) -> String {
+    let mut lines = vec![
+        "options (TrainingArguments keys; a flag may be given alone):".to_string(),
+        "  --config FILE  a TOML or JSON file of keys; options after it override it".to_string(),
+    ];
+    for (key, default) in defaults {
+        lines.push(format!(
+            "  --{}  (default: {default})",
+            key.replace('_', "-")
+        ));
+    }
+    for name in extra {
+        lines.push(format!("  --{name} VALUE"));
+    }
+    lines.join("\n")
+}

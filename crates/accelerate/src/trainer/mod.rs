@@ -1,0 +1,333 @@
+//! The Trainer: HuggingFace's `Trainer` for Burn models. Give it a model, the
+//! [`TrainingArguments`], a training and an evaluation dataset and a batcher; it runs every
+//! step through the [`Accelerator`], so precision, accumulation, clipping, checkpointing,
+//! DDP/FSDP and Local SGD compose, and adds the learning-rate schedule, evaluation with
+//! burn-train's metrics, logs, checkpoints (`checkpoint-<step>/`), resume and the best model.
+//!
+//! The model says how a batch becomes a loss ([`TrainLoss`], through `acc.forward` like a
+//! hand-written Accelerator loop) and how an evaluation batch becomes an output for metrics
+//! (burn-train's `InferenceStep`, on the model without autodiff, as in a burn-train
+//! `Learner`).
+//!
+//! ```no_run
+//! # use afterburner::demos::{digits, ImageBatcher};
+//! # use afterburner::demos::models::VitConfig;
+//! # use afterburner::trainer::{Trainer, TrainingArguments};
+//! # use burn::train::metric::AccuracyMetric;
+//! # type B = burn::backend::Autodiff<burn::backend::Flex>;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (train, test) = digits::load()?.split(0.2, 0);
+//! let model = VitConfig::new().init::<B>(&Default::default());
+//! let args = TrainingArguments::from_args(std::env::args().skip(1))?;
+//! let batcher = ImageBatcher { channels: 1, height: 8, width: 8 };
+//! let mut trainer = Trainer::new(model, args, train, test, batcher)?
+//!     .with_metrics((AccuracyMetric::new(),));
+//! println!("{}", trainer.train()?);
+//! println!("{}", trainer.evaluate()?);
+//! # Ok(())
+//! # }
+//! ```
+
+mod args;
+mod callbacks;
+mod checkpoints;
+mod cli;
+mod metrics;
+mod output;
+mod run;
+mod schedule;
+mod state;
+
+use std::sync::Arc;
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::module::AutodiffModule;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig};
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+use burn::train::InferenceStep;
+use burn::train::metric::{Adaptor, LossInput, LossMetric};
+
+pub use args::{IntervalStrategy, SchedulerType, TrainingArguments, UnknownValue};
+pub use callbacks::{EarlyStopping, Flow, TrainerCallback};
+pub use checkpoints::{
+    checkpoint_dir, checkpoints_to_delete, list_checkpoints, resolve_checkpoint,
+};
+pub use metrics::{EvalMetric, MetricSet};
+pub use schedule::HfSchedule;
+pub use state::{LogEntry, Metrics, TrainSummary, TrainerState};
+
+use crate::data::DataLoader;
+use crate::{AccelerateError, Accelerator};
+use metrics::ShardOf;
+use output::RunLog;
+
+/// How the Trainer gets a training batch's loss from the model: run the forward pass through
+/// `acc.forward` (so the precision policy, activation checkpointing and FSDP's gathered view
+/// apply) and compute the loss from its output, exactly as in a hand-written Accelerator
+/// loop. Backward, loss scaling, accumulation and the optimizer step stay the Trainer's.
+pub trait TrainLoss<B: AutodiffBackend, Batch>: AutodiffModule<B> {
+    /// The loss of one training batch (a one-element tensor).
+    fn train_loss(
+        &self,
+        acc: &Accelerator<B>,
+        batch: Batch,
+    ) -> Result<Tensor<B, 1>, AccelerateError>;
+}
+
+/// The evaluation model of a Trainer: `M` without autodiff.
+type EvalModel<B, M> = <M as AutodiffModule<B>>::InnerModule;
+/// The evaluation backend of a Trainer.
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// HF's `Trainer` for a Burn model `M` trained on batches `TB` (from items `I`) and
+/// evaluated on batches `EB` whose outputs `EO` feed the metrics.
+pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, I, TB, EB, EO> {
+    acc: Accelerator<B>,
+    args: TrainingArguments,
+    model: Option<M>,
+    optim: OptimizerAdaptor<AdamW, M, B>,
+    schedule: HfSchedule,
+    train: DataLoader<B, I, TB>,
+    eval: DataLoader<Inner<B>, I, EB>,
+    epochs: usize,
+    metrics: Vec<Box<dyn EvalMetric<EO>>>,
+    callbacks: Vec<Box<dyn TrainerCallback>>,
+    state: TrainerState,
+    log: RunLog,
+}
+
+impl<B, M, I, TB, EB, EO> Trainer<B, M, I, TB, EB, EO>
+where
+    B: AutodiffBackend,
+    M: TrainLoss<B, TB> + 'static,
+    EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
+    I: Send + Sync + 'static,
+    TB: Send + 'static,
+    EB: Send + 'static,
+    EO: Adaptor<LossInput<Inner<B>>> + 'static,
+{
+    /// A Trainer on the backend's default device (one device: for several, build each
+    /// rank's Trainer with [`on`](Self::on) inside [`Accelerator::run`]). `eval_dataset`
+    /// may be empty when `eval_strategy` is "no".
+    pub fn new<D, E, Bt>(
+        model: M,
+        args: TrainingArguments,
+        train_dataset: D,
+        eval_dataset: E,
+        batcher: Bt,
+    ) -> Result<Self, AccelerateError>
+    where
+        D: Dataset<I> + 'static,
+        E: Dataset<I> + 'static,
+        Bt: Batcher<B, I, TB> + Batcher<Inner<B>, I, EB> + Clone + 'static,
+    {
+        args.validate()?;
+        if args.strategy.is_distributed() {
+            return Err(AccelerateError::argument(
+                "strategy",
+                args.strategy,
+                "single-device for Trainer::new; for several devices build each rank's \
+                 Trainer with Trainer::on inside Accelerator::run(args.accelerator_config(), ..)",
+            ));
+        }
+        let acc = Accelerator::new(args.accelerator_config(), Default::default())?;
+        Self::on(acc, model, args, train_dataset, eval_dataset, batcher)
+    }
+
+    /// A Trainer on this rank's Accelerator `acc` (from [`Accelerator::run`], `launch` or
+    /// `launch_mpi` with `args.accelerator_config()`); every rank builds one and calls
+    /// [`train`](Self::train). The training data is sharded like the Accelerator's loaders;
+    /// each rank evaluates its share of `eval_dataset` and the metrics are combined exactly.
+    pub fn on<D, E, Bt>(
+        acc: Accelerator<B>,
+        model: M,
+        args: TrainingArguments,
+        train_dataset: D,
+        eval_dataset: E,
+        batcher: Bt,
+    ) -> Result<Self, AccelerateError>
+    where
+        D: Dataset<I> + 'static,
+        E: Dataset<I> + 'static,
+        Bt: Batcher<B, I, TB> + Batcher<Inner<B>, I, EB> + Clone + 'static,
+    {
+        args.validate()?;
+        check_same_config(&acc, &args)?;
+        if args.eval_strategy != IntervalStrategy::No && eval_dataset.is_empty() {
+            return Err(AccelerateError::argument(
+                "eval_strategy",
+                args.eval_strategy,
+                "\"no\" when the evaluation dataset is empty",
+            ));
+        }
+        let optim = AdamWConfig::new()
+            .with_beta_1(args.adam_beta1 as f32)
+            .with_beta_2(args.adam_beta2 as f32)
+            .with_epsilon(args.adam_epsilon as f32)
+            .with_weight_decay(args.weight_decay as f32)
+            .init();
+        let model = acc.setup_model(model)?;
+        let mut train = acc
+            .dataloader(
+                train_dataset,
+                batcher.clone(),
+                args.per_device_train_batch_size,
+            )?
+            .drop_last(args.dataloader_drop_last)
+            .prefetch(args.dataloader_num_workers);
+        if let Some(seed) = args.data_seed {
+            train = train.shuffle(seed);
+        }
+        if train.num_batches() == 0 {
+            return Err(AccelerateError::argument(
+                "per_device_train_batch_size",
+                args.per_device_train_batch_size,
+                format!(
+                    "at most the {} training items of this rank (no batch to train on)",
+                    train.len()
+                ),
+            ));
+        }
+        let shard = ShardOf::new(Arc::new(eval_dataset), acc.rank(), acc.world_size());
+        let eval = DataLoader::new(
+            shard,
+            batcher,
+            args.per_device_eval_batch_size,
+            acc.device().clone(),
+        )?
+        .prefetch(args.dataloader_num_workers);
+        let (max_steps, epochs) = plan(&args, train.num_batches());
+        let warmup = HfSchedule::warmup_from(args.warmup_steps, args.warmup_ratio, max_steps);
+        let schedule = HfSchedule::new(
+            args.lr_scheduler_type,
+            args.learning_rate,
+            warmup,
+            max_steps,
+        );
+        let mut callbacks: Vec<Box<dyn TrainerCallback>> = Vec::new();
+        if let Some(patience) = args.early_stopping_patience {
+            callbacks.push(Box::new(EarlyStopping { patience }));
+        }
+        let state = TrainerState {
+            max_steps: max_steps as u64,
+            ..TrainerState::default()
+        };
+        let log = RunLog::new(&args.output_dir, acc.is_main_process());
+        Ok(Self {
+            acc,
+            args,
+            model: Some(model),
+            optim,
+            schedule,
+            train,
+            eval,
+            epochs,
+            metrics: vec![Box::new(LossMetric::<Inner<B>>::new())],
+            callbacks,
+            state,
+            log,
+        })
+    }
+
+    /// Adds evaluation metrics: one burn-train metric or a tuple of them, e.g.
+    /// `(AccuracyMetric::new(), TopKAccuracyMetric::new(2))`; each is reported as
+    /// `eval_<name>` (the loss is always reported, as `eval_loss`).
+    pub fn with_metrics(mut self, metrics: impl MetricSet<EO>) -> Self {
+        for metric in metrics.into_boxed() {
+            let key = metric.key();
+            self.metrics.retain(|m| m.key() != key);
+            self.metrics.push(metric);
+        }
+        self
+    }
+
+    /// Adds a callback, called at every step end, log, evaluation and save.
+    pub fn with_callback(mut self, callback: impl TrainerCallback + 'static) -> Self {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// The model (the best one after training with `load_best_model_at_end`). Under FSDP
+    /// this rank's shard: see [`Accelerator::full_model`].
+    pub fn model(&self) -> Result<&M, AccelerateError> {
+        self.model.as_ref().ok_or_else(lost_model)
+    }
+
+    /// The trained model, and the Accelerator that holds its strategy.
+    pub fn into_parts(self) -> Result<(M, Accelerator<B>), AccelerateError> {
+        Ok((self.model.ok_or_else(lost_model)?, self.acc))
+    }
+
+    /// The Accelerator every step runs through.
+    pub fn accelerator(&self) -> &Accelerator<B> {
+        &self.acc
+    }
+
+    /// The arguments.
+    pub fn args(&self) -> &TrainingArguments {
+        &self.args
+    }
+
+    /// Counters, best metric and log history so far.
+    pub fn state(&self) -> &TrainerState {
+        &self.state
+    }
+
+    /// The learning-rate schedule.
+    pub fn schedule(&self) -> &HfSchedule {
+        &self.schedule
+    }
+}
+
+/// The error for a model lost to an earlier failed step.
+fn lost_model() -> AccelerateError {
+    AccelerateError::CallOrder("the Trainer's model was lost to an earlier failed step".into())
+}
+
+/// `(optimizer steps, epochs)` of the run, HF's way: `max_steps` when set, else
+/// `ceil(num_train_epochs * updates per epoch)`, an epoch being
+/// `ceil(batches / gradient_accumulation_steps)` updates.
+fn plan(args: &TrainingArguments, batches_per_epoch: usize) -> (usize, usize) {
+    let updates_per_epoch = batches_per_epoch
+        .div_ceil(args.gradient_accumulation_steps)
+        .max(1);
+    let max_steps = match args.max_steps > 0 {
+        true => args.max_steps as usize,
+        false => ((args.num_train_epochs * updates_per_epoch as f64).ceil() as usize).max(1),
+    };
+    (max_steps, max_steps.div_ceil(updates_per_epoch))
+}
+
+/// Errors unless `acc` was built from `args.accelerator_config()` (in what training uses).
+fn check_same_config<B: AutodiffBackend>(
+    acc: &Accelerator<B>,
+    args: &TrainingArguments,
+) -> Result<(), AccelerateError> {
+    let want = args.accelerator_config();
+    let have = acc.config();
+    let differs = [
+        ("precision", want.precision != have.precision),
+        (
+            "gradient_accumulation_steps",
+            want.gradient_accumulation_steps != have.gradient_accumulation_steps,
+        ),
+        ("max_grad_norm", want.max_grad_norm != have.max_grad_norm),
+        ("seed", want.seed != have.seed),
+        (
+            "gradient_checkpointing",
+            want.gradient_checkpointing != have.gradient_checkpointing,
+        ),
+        ("strategy", want.strategy != have.strategy),
+    ];
+    match differs.iter().find(|(_, differs)| *differs) {
+        Some((key, _)) => Err(AccelerateError::argument(
+            *key,
+            "a value the Accelerator was not built with",
+            "the Accelerator built from args.accelerator_config()",
+        )),
+        None => Ok(()),
+    }
+}

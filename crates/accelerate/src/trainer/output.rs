@@ -1,0 +1,110 @@
+//! Where the Trainer's logs go: `output_dir/log.jsonl` (one JSON object per log or
+//! evaluation), a progress line on standard error and a `tracing` event, all on the main
+//! process only.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+
+use super::LogEntry;
+use crate::AccelerateError;
+
+/// The metrics log file's name in `output_dir`.
+pub const LOG_FILE: &str = "log.jsonl";
+
+/// The main process's log writer (silent on the other ranks).
+pub(crate) struct RunLog {
+    path: PathBuf,
+    main: bool,
+    started: Instant,
+}
+
+impl RunLog {
+    pub(crate) fn new(output_dir: &Path, main: bool) -> Self {
+        Self {
+            path: output_dir.join(LOG_FILE),
+            main,
+            started: Instant::now(),
+        }
+    }
+
+    /// Starts the clock and (re)writes the log file with `history` (empty on a fresh run,
+    /// the checkpoint's history on a resume, so the file never holds lines past it).
+    pub(crate) fn start(&mut self, history: &[LogEntry]) -> Result<(), AccelerateError> {
+        self.started = Instant::now();
+        if !self.main {
+            return Ok(());
+        }
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir)
+                .map_err(|e| AccelerateError::io("create output directory", dir, e))?;
+        }
+        let mut file = File::create(&self.path)
+            .map_err(|e| AccelerateError::io("create log file", &self.path, e))?;
+        for entry in history {
+            writeln!(file, "{}", json_line(entry))
+                .map_err(|e| AccelerateError::io("write log file", &self.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Time since [`start`](Self::start).
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Appends `entry` to the file and prints it with the progress (`done` of `total`
+    /// optimizer steps, `items` processed so far on every rank).
+    pub(crate) fn write(
+        &self,
+        entry: &LogEntry,
+        done: u64,
+        total: u64,
+        items: u64,
+    ) -> Result<(), AccelerateError> {
+        tracing::info!(step = entry.step, epoch = entry.epoch, values = %entry.values, "trainer log");
+        if !self.main {
+            return Ok(());
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| AccelerateError::io("open log file", &self.path, e))?;
+        writeln!(file, "{}", json_line(entry))
+            .map_err(|e| AccelerateError::io("write log file", &self.path, e))?;
+        let secs = self.elapsed().as_secs_f64().max(1e-9);
+        let eta = match done {
+            0 => 0.0,
+            _ => secs / done as f64 * total.saturating_sub(done) as f64,
+        };
+        eprintln!(
+            "[{done}/{total} | epoch {:.2} | {:.0} items/s | ETA {}] {}",
+            entry.epoch,
+            items as f64 / secs,
+            clock(eta),
+            entry.values
+        );
+        Ok(())
+    }
+}
+
+/// An entry as one JSON object: `{"step": .., "epoch": .., "loss": .., ...}`.
+fn json_line(entry: &LogEntry) -> String {
+    let mut map = Map::new();
+    map.insert("step".into(), entry.step.into());
+    map.insert("epoch".into(), entry.epoch.into());
+    for (name, value) in &entry.values.0 {
+        map.insert(name.clone(), (*value).into());
+    }
+    Value::Object(map).to_string()
+}
+
+/// Seconds as `h:mm:ss`.
+fn clock(secs: f64) -> String {
+    let secs = secs.max(0.0) as u64;
+    format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}

@@ -1,0 +1,405 @@
+//! The Trainer's loop: steps through the Accelerator, then logs, evaluates, saves and stops
+//! at HF's points; and evaluation.
+
+use std::fs;
+use std::path::PathBuf;
+
+use afterburner_precision::cast_module;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, ElementConversion, Tensor, TensorData};
+use burn::train::InferenceStep;
+use burn::train::metric::{Adaptor, LossInput};
+
+use super::checkpoints::{checkpoint_dir, checkpoints_to_delete, list_checkpoints};
+use super::metrics::metadata;
+use super::{
+    EvalModel, Flow, Inner, IntervalStrategy, LogEntry, Metrics, TrainLoss, TrainSummary, Trainer,
+    TrainerState, lost_model, resolve_checkpoint,
+};
+use crate::parallel::ReduceOp;
+use crate::{AccelerateError, StateParts, StepOutcome};
+
+/// Where in the loop an event happens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum At {
+    StepEnd,
+    EpochEnd,
+}
+
+impl<B, M, I, TB, EB, EO> Trainer<B, M, I, TB, EB, EO>
+where
+    B: AutodiffBackend,
+    M: TrainLoss<B, TB> + 'static,
+    EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
+    I: Send + Sync + 'static,
+    TB: Send + 'static,
+    EB: Send + 'static,
+    EO: Adaptor<LossInput<Inner<B>>> + 'static,
+{
+    /// Trains for `max_steps` optimizer steps (or `num_train_epochs` epochs), resuming first
+    /// when `resume_from_checkpoint` is set; logs, evaluates and saves at the arguments'
+    /// points; stops early when a callback asks; reloads the best model at the end when
+    /// `load_best_model_at_end` is set. Every rank calls it.
+    pub fn train(&mut self) -> Result<TrainSummary, AccelerateError> {
+        if let Some(resume) = self.args.resume_from_checkpoint.clone() {
+            let dir = resolve_checkpoint(&self.args.output_dir, &resume)?;
+            let planned = self.state.max_steps;
+            self.load_checkpoint(&dir)?;
+            // The arguments of this run decide its length, as in HF.
+            self.state.max_steps = planned;
+        }
+        self.log.start(&self.state.log_history)?;
+        let batches = self.train.num_batches();
+        let (start_epoch, start_batch) = self.acc.data_position();
+        let items_per_batch =
+            (self.args.per_device_train_batch_size * self.acc.world_size()) as u64;
+        let first_batch = self.state.batches_total;
+        let mut stopped_early = false;
+        let mut done = self.state.global_step >= self.state.max_steps;
+        for epoch in start_epoch..self.epochs {
+            if done {
+                break;
+            }
+            let skip = if epoch == start_epoch { start_batch } else { 0 };
+            let mut stepped = false;
+            for (i, batch) in self.train.epoch_from(epoch, skip).enumerate() {
+                let model = self.model.take().ok_or_else(lost_model)?;
+                let loss = model.train_loss(&self.acc, batch)?;
+                let value = loss.clone().into_scalar().elem::<f64>();
+                self.state.loss_since_log += value;
+                self.state.batches_since_log += 1;
+                self.state.loss_total += value;
+                self.state.batches_total += 1;
+                self.acc.backward(loss, &model)?;
+                let model = self.acc.step(model, &mut self.optim, &mut self.schedule)?;
+                self.model = Some(model);
+                if self.acc.last_step() == StepOutcome::Accumulating {
+                    continue;
+                }
+                stepped = true;
+                self.state.global_step += 1;
+                self.state.epoch = epoch as f64 + (skip + i + 1) as f64 / batches as f64;
+                let items = (self.state.batches_total - first_batch) * items_per_batch;
+                let flow = self.events(At::StepEnd, items)?;
+                stopped_early |= flow == Flow::Stop;
+                if flow == Flow::Stop || self.state.global_step >= self.state.max_steps {
+                    done = true;
+                    break;
+                }
+            }
+            if stepped {
+                let items = (self.state.batches_total - first_batch) * items_per_batch;
+                if self.events(At::EpochEnd, items)? == Flow::Stop {
+                    stopped_early = true;
+                    done = true;
+                }
+            }
+        }
+        self.finish(stopped_early, first_batch, items_per_batch)
+    }
+
+    /// The end of training: Local SGD's last average, a final save under
+    /// `save_strategy = "steps"`, the best model back, the summary.
+    fn finish(
+        &mut self,
+        stopped_early: bool,
+        first_batch: u64,
+        items_per_batch: u64,
+    ) -> Result<TrainSummary, AccelerateError> {
+        let model = self.model.take().ok_or_else(lost_model)?;
+        self.model = Some(self.acc.finish(model)?);
+        let last_saved = list_checkpoints(&self.args.output_dir)
+            .last()
+            .map(|(step, _)| *step);
+        if self.args.save_strategy == IntervalStrategy::Steps
+            && last_saved != Some(self.state.global_step)
+        {
+            self.save()?;
+        }
+        if self.args.load_best_model_at_end
+            && let Some(best) = self.state.best_model_checkpoint.clone()
+        {
+            self.load_best_model(&best)?;
+        }
+        let (loss, _) = self.mean_across_ranks(self.state.loss_total, self.state.batches_total)?;
+        let secs = self.log.elapsed().as_secs_f64().max(1e-9);
+        let items = (self.state.batches_total - first_batch) * items_per_batch;
+        let mut metrics = Metrics::default();
+        metrics.insert("train_runtime", secs);
+        metrics.insert("train_samples_per_second", items as f64 / secs);
+        metrics.insert(
+            "train_steps_per_second",
+            self.state.global_step as f64 / secs,
+        );
+        metrics.insert("train_loss", loss);
+        metrics.insert("epoch", self.state.epoch);
+        self.record(metrics.clone())?;
+        for callback in &mut self.callbacks {
+            callback.on_train_end(&self.state);
+        }
+        Ok(TrainSummary {
+            global_step: self.state.global_step,
+            training_loss: loss,
+            metrics,
+            best_model_checkpoint: self.state.best_model_checkpoint.clone(),
+            stopped_early,
+        })
+    }
+
+    /// Logs, evaluates and saves when the arguments say so at this point (in HF's order),
+    /// and asks the callbacks whether to go on; every rank gets the same answer.
+    fn events(&mut self, at: At, items: u64) -> Result<Flow, AccelerateError> {
+        self.state.last_eval_was_best = false;
+        let step = self.state.global_step;
+        let total = self.state.max_steps;
+        let due = |strategy: IntervalStrategy, every: f64| match (strategy, at) {
+            (IntervalStrategy::Steps, At::StepEnd) => step.is_multiple_of(interval(every, total)),
+            (IntervalStrategy::Epoch, At::EpochEnd) => true,
+            _ => false,
+        };
+        let mut flow = Flow::Continue;
+        if at == At::StepEnd {
+            for callback in &mut self.callbacks {
+                flow = flow.max(callback.on_step_end(&self.state));
+            }
+        }
+        let first = at == At::StepEnd && self.args.logging_first_step && step == 1;
+        if due(self.args.logging_strategy, self.args.logging_steps) || first {
+            self.log_training(items)?;
+        }
+        let eval_every = self.args.eval_steps.unwrap_or(self.args.logging_steps);
+        if due(self.args.eval_strategy, eval_every) {
+            let metrics = self.evaluate_and_track()?;
+            for callback in &mut self.callbacks {
+                flow = flow.max(callback.on_evaluate(&self.state, &metrics));
+            }
+        }
+        if due(self.args.save_strategy, self.args.save_steps) {
+            self.save()?;
+        }
+        if self.acc.world_size() > 1 && !self.callbacks.is_empty() {
+            let stop = (flow == Flow::Stop) as u64 as f64;
+            let (any, _) = self.mean_across_ranks(stop, 1)?;
+            flow = if any > 0.0 {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            };
+        }
+        Ok(flow)
+    }
+
+    /// One training log line: the mean loss since the last one (across ranks), the learning
+    /// rate the last step used, the last gradient norm when clipping.
+    fn log_training(&mut self, items: u64) -> Result<(), AccelerateError> {
+        let (loss, _) =
+            self.mean_across_ranks(self.state.loss_since_log, self.state.batches_since_log)?;
+        self.state.loss_since_log = 0.0;
+        self.state.batches_since_log = 0;
+        let mut values = Metrics::default();
+        values.insert("loss", loss);
+        let taken = self.schedule.steps_taken();
+        values.insert(
+            "learning_rate",
+            self.schedule.lr_at(taken.saturating_sub(1)),
+        );
+        if let StepOutcome::Stepped {
+            grad_norm: Some(norm),
+            ..
+        } = self.acc.last_step()
+        {
+            values.insert("grad_norm", norm);
+        }
+        let entry = self.record_with(values, items)?;
+        for callback in &mut self.callbacks {
+            callback.on_log(&self.state, &entry);
+        }
+        Ok(())
+    }
+
+    /// Evaluates, records the metrics, and tracks the best metric and early stopping.
+    fn evaluate_and_track(&mut self) -> Result<Metrics, AccelerateError> {
+        let metrics = self.evaluate()?;
+        let Some(name) = self.args.best_metric_name() else {
+            return Ok(metrics);
+        };
+        let Some(value) = metrics.get(&name) else {
+            let known: Vec<&str> = metrics.0.keys().map(String::as_str).collect();
+            return Err(AccelerateError::argument(
+                "metric_for_best_model",
+                &name,
+                format!("one of the evaluation metrics: {}", known.join(", ")),
+            ));
+        };
+        let greater = self.args.greater_is_better();
+        let better = |a: f64, b: f64| if greater { a > b } else { a < b };
+        let state = &mut self.state;
+        let improved = match state.best_metric {
+            None => true,
+            Some(best) => {
+                better(value, best) && (value - best).abs() > self.args.early_stopping_threshold
+            }
+        };
+        state.evals_without_improvement = match improved {
+            true => 0,
+            false => state.evals_without_improvement + 1,
+        };
+        if state.best_metric.is_none_or(|best| better(value, best)) {
+            state.best_metric = Some(value);
+            state.last_eval_was_best = true;
+        }
+        Ok(metrics)
+    }
+
+    /// Evaluates the model on the evaluation dataset: `eval_loss` and every metric, batch by
+    /// batch on this rank's share, combined across ranks by item count. The model runs
+    /// without autodiff (no dropout), in f32 for the `*-true` modes. Every rank calls it.
+    pub fn evaluate(&mut self) -> Result<Metrics, AccelerateError> {
+        let model = self
+            .acc
+            .full_model(self.model.as_ref().ok_or_else(lost_model)?)?;
+        let model = match self.acc.precision().param_dtype() {
+            DType::F32 => model,
+            _ => cast_module(model, DType::F32),
+        };
+        let model = model.valid();
+        for metric in &mut self.metrics {
+            metric.clear();
+        }
+        let total = self.eval.len();
+        let per_batch = self.args.per_device_eval_batch_size;
+        for (i, batch) in self.eval.epoch(0).enumerate() {
+            let output = model.step(batch);
+            let meta = metadata(
+                ((i + 1) * per_batch).min(total),
+                total,
+                self.state.global_step,
+            );
+            for metric in &mut self.metrics {
+                metric.update(&output, &meta);
+            }
+        }
+        let mut sums = Vec::with_capacity(self.metrics.len() * 2);
+        for metric in &self.metrics {
+            let (value, count) = metric.value();
+            sums.push(if count == 0 {
+                0.0
+            } else {
+                value * count as f64
+            });
+            sums.push(count as f64);
+        }
+        let sums = self.sum_across_ranks(sums)?;
+        let mut metrics = Metrics::default();
+        for (metric, pair) in self.metrics.iter().zip(sums.chunks(2)) {
+            metrics.insert(metric.key(), pair[0] / pair[1]);
+        }
+        self.record(metrics.clone())?;
+        Ok(metrics)
+    }
+
+    /// Saves `checkpoint-<global_step>/` (model, optimizer, schedule, trainer state and the
+    /// Accelerator's own state), then deletes the checkpoints past `save_total_limit`, never
+    /// the best one.
+    fn save(&mut self) -> Result<PathBuf, AccelerateError> {
+        let dir = checkpoint_dir(&self.args.output_dir, self.state.global_step);
+        if self.state.last_eval_was_best {
+            self.state.best_model_checkpoint = Some(dir.clone());
+        }
+        let model = self.model.as_mut().ok_or_else(lost_model)?;
+        let parts = StateParts::new()
+            .model("model", model)
+            .optimizer::<M, _>("optimizer", &mut self.optim)
+            .scheduler("scheduler", &mut self.schedule)
+            .serde("trainer_state", &mut self.state);
+        self.acc.save_parts(&dir, &parts)?;
+        drop(parts);
+        if let Some(limit) = self.args.save_total_limit
+            && self.acc.is_main_process()
+        {
+            let all = list_checkpoints(&self.args.output_dir);
+            let best = self.state.best_model_checkpoint.as_deref();
+            for old in checkpoints_to_delete(&all, limit, best) {
+                fs::remove_dir_all(&old)
+                    .map_err(|e| AccelerateError::io("delete old checkpoint", &old, e))?;
+            }
+        }
+        self.acc.barrier()?;
+        for callback in &mut self.callbacks {
+            callback.on_save(&self.state, &dir);
+        }
+        Ok(dir)
+    }
+
+    /// Restores model, optimizer, schedule, trainer state and the Accelerator's state.
+    fn load_checkpoint(&mut self, dir: &std::path::Path) -> Result<(), AccelerateError> {
+        let model = self.model.as_mut().ok_or_else(lost_model)?;
+        let mut parts = StateParts::new()
+            .model("model", model)
+            .optimizer::<M, _>("optimizer", &mut self.optim)
+            .scheduler("scheduler", &mut self.schedule)
+            .serde("trainer_state", &mut self.state);
+        self.acc.load_parts(dir, &mut parts)
+    }
+
+    /// Loads only the model of checkpoint `dir` (the rest of the run's state stays).
+    fn load_best_model(&mut self, dir: &std::path::Path) -> Result<(), AccelerateError> {
+        let mut optim = self.optim.clone();
+        let mut schedule = self.schedule.clone();
+        let mut state = TrainerState::default();
+        let model = self.model.as_mut().ok_or_else(lost_model)?;
+        let mut parts = StateParts::new()
+            .model("model", model)
+            .optimizer::<M, _>("optimizer", &mut optim)
+            .scheduler("scheduler", &mut schedule)
+            .serde("trainer_state", &mut state);
+        self.acc.load_parts(dir, &mut parts)
+    }
+
+    /// Adds `values` to the log history and the log file.
+    fn record(&mut self, values: Metrics) -> Result<LogEntry, AccelerateError> {
+        self.record_with(values, 0)
+    }
+
+    fn record_with(&mut self, values: Metrics, items: u64) -> Result<LogEntry, AccelerateError> {
+        let entry = LogEntry {
+            step: self.state.global_step,
+            epoch: self.state.epoch,
+            values,
+        };
+        self.log
+            .write(&entry, self.state.global_step, self.state.max_steps, items)?;
+        self.state.log_history.push(entry.clone());
+        Ok(entry)
+    }
+
+    /// `(sum / count, count)` of per-rank sums and counts.
+    fn mean_across_ranks(&self, sum: f64, count: u64) -> Result<(f64, f64), AccelerateError> {
+        let totals = self.sum_across_ranks(vec![sum, count as f64])?;
+        Ok((totals[0] / totals[1].max(1.0), totals[1]))
+    }
+
+    /// Element-wise sums over ranks (the values themselves on one device).
+    fn sum_across_ranks(&self, values: Vec<f64>) -> Result<Vec<f64>, AccelerateError> {
+        if self.acc.world_size() == 1 {
+            return Ok(values);
+        }
+        let len = values.len();
+        let tensor = Tensor::<B, 1>::from_data(
+            TensorData::new(values.iter().map(|v| *v as f32).collect(), [len]),
+            self.acc.device(),
+        );
+        let summed = self.acc.reduce(tensor, ReduceOp::Sum)?;
+        let data = summed.into_data().convert::<f64>();
+        data.to_vec::<f64>()
+            .map_err(|e| AccelerateError::Usage(format!("reading a reduced metric: {e:?}")))
+    }
+}
+
+/// Steps between two events of an interval `every` (below 1: a share of `total`).
+fn interval(every: f64, total: u64) -> u64 {
+    match every < 1.0 {
+        true => ((total as f64 * every).ceil() as u64).max(1),
+        false => every as u64,
+    }
+}

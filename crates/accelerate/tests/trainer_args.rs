@@ -1,0 +1,206 @@
+//! TrainingArguments: HF's defaults, files, the command line, named errors; the LR schedules
+//! against HF's formulas.
+
+use afterburner::Precision;
+use afterburner::trainer::{HfSchedule, IntervalStrategy, SchedulerType, TrainingArguments};
+use burn::optim::lr_scheduler::LrScheduler;
+
+#[test]
+fn defaults_are_hf_defaults() {
+    let a = TrainingArguments::default();
+    assert_eq!(a.num_train_epochs, 3.0);
+    assert_eq!(a.max_steps, -1);
+    assert_eq!(a.per_device_train_batch_size, 8);
+    assert_eq!(a.per_device_eval_batch_size, 8);
+    assert_eq!(a.learning_rate, 5e-5);
+    assert_eq!(a.weight_decay, 0.0);
+    assert_eq!(
+        (a.adam_beta1, a.adam_beta2, a.adam_epsilon),
+        (0.9, 0.999, 1e-8)
+    );
+    assert_eq!(a.max_grad_norm, 1.0);
+    assert_eq!(a.lr_scheduler_type, SchedulerType::Linear);
+    assert_eq!((a.warmup_steps, a.warmup_ratio), (0, 0.0));
+    assert_eq!(a.gradient_accumulation_steps, 1);
+    assert_eq!(a.effective_precision(), Precision::Full32);
+    assert!(!a.bf16 && !a.fp16);
+    assert_eq!(a.eval_strategy, IntervalStrategy::No);
+    assert_eq!(a.eval_steps, None);
+    assert_eq!(a.logging_strategy, IntervalStrategy::Steps);
+    assert_eq!(a.logging_steps, 500.0);
+    assert!(!a.logging_first_step);
+    assert_eq!(a.save_strategy, IntervalStrategy::Steps);
+    assert_eq!(a.save_steps, 500.0);
+    assert_eq!(a.save_total_limit, None);
+    assert!(!a.load_best_model_at_end);
+    assert_eq!(a.metric_for_best_model, None);
+    assert_eq!(a.seed, 42);
+    assert_eq!(a.data_seed, None);
+    assert!(!a.dataloader_drop_last);
+    assert_eq!(a.dataloader_num_workers, 0);
+    assert_eq!(a.resume_from_checkpoint, None);
+    a.validate().unwrap();
+    // HF: with load_best_model_at_end the metric defaults to the loss, lower is better.
+    let best = TrainingArguments {
+        load_best_model_at_end: true,
+        eval_strategy: IntervalStrategy::Steps,
+        ..Default::default()
+    };
+    assert_eq!(best.best_metric_name().as_deref(), Some("eval_loss"));
+    assert!(!best.greater_is_better());
+    let accuracy = TrainingArguments {
+        metric_for_best_model: Some("accuracy".into()),
+        ..best
+    };
+    assert!(accuracy.greater_is_better());
+}
+
+#[test]
+fn toml_and_json_round_trip() {
+    let args = TrainingArguments {
+        num_train_epochs: 2.5,
+        lr_scheduler_type: SchedulerType::ConstantWithWarmup,
+        eval_strategy: IntervalStrategy::Epoch,
+        save_strategy: IntervalStrategy::Epoch,
+        load_best_model_at_end: true,
+        save_total_limit: Some(2),
+        precision: Precision::Bf16Mixed,
+        ..Default::default()
+    };
+    assert_eq!(TrainingArguments::from_toml(&args.to_toml()).unwrap(), args);
+    assert_eq!(TrainingArguments::from_json(&args.to_json()).unwrap(), args);
+    // HF's older key is accepted.
+    let old = TrainingArguments::from_toml("evaluation_strategy = \"epoch\"").unwrap();
+    assert_eq!(old.eval_strategy, IntervalStrategy::Epoch);
+}
+
+fn error_of(result: Result<TrainingArguments, afterburner::AccelerateError>) -> String {
+    result.expect_err("should be an error").to_string()
+}
+
+#[test]
+fn unknown_keys_and_bad_values_name_the_key() {
+    let unknown = error_of(TrainingArguments::from_toml("learnin_rate = 1e-3"));
+    assert!(unknown.contains("learnin_rate"), "{unknown}");
+    let bad = error_of(TrainingArguments::from_json(
+        r#"{"lr_scheduler_type": "cosine-ish"}"#,
+    ));
+    assert!(
+        bad.contains("lr_scheduler_type") && bad.contains("cosine-ish"),
+        "{bad}"
+    );
+    let bad = error_of(TrainingArguments::from_toml(
+        "save_strategy = \"sometimes\"",
+    ));
+    assert!(bad.contains("save_strategy"), "{bad}");
+    let typed = error_of(TrainingArguments::from_toml(
+        "per_device_train_batch_size = \"8\"",
+    ));
+    assert!(typed.contains("per_device_train_batch_size"), "{typed}");
+    let zero = error_of(TrainingArguments::from_toml(
+        "gradient_accumulation_steps = 0",
+    ));
+    assert!(zero.contains("gradient_accumulation_steps"), "{zero}");
+    let both = error_of(TrainingArguments::from_toml("bf16 = true\nfp16 = true"));
+    assert!(both.contains("bf16"), "{both}");
+    // HF: load_best_model_at_end needs the same save and eval strategies...
+    let mismatch = error_of(TrainingArguments::from_toml(
+        "load_best_model_at_end = true\neval_strategy = \"epoch\"",
+    ));
+    assert!(mismatch.contains("save_strategy"), "{mismatch}");
+    // ... and save_steps a multiple of eval_steps.
+    let steps = error_of(TrainingArguments::from_toml(
+        "load_best_model_at_end = true\neval_strategy = \"steps\"\neval_steps = 30\nsave_steps = 50",
+    ));
+    assert!(steps.contains("save_steps"), "{steps}");
+}
+
+#[test]
+fn the_command_line_overrides_a_file() {
+    let dir = std::env::temp_dir().join(format!("afterburner-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("run.toml");
+    std::fs::write(&file, "num_train_epochs = 10.0\nlearning_rate = 1e-3\n").unwrap();
+    let args = TrainingArguments::from_args([
+        "--config",
+        file.to_str().unwrap(),
+        "--num-train-epochs",
+        "3",
+        "--bf16",
+        "--lr-scheduler-type=cosine",
+        "--save-total-limit",
+        "2",
+    ])
+    .unwrap();
+    assert_eq!(args.num_train_epochs, 3.0);
+    assert_eq!(args.learning_rate, 1e-3);
+    assert!(args.bf16);
+    assert_eq!(args.effective_precision(), Precision::Bf16Mixed);
+    assert_eq!(args.lr_scheduler_type, SchedulerType::Cosine);
+    assert_eq!(args.save_total_limit, Some(2));
+    let (_, own) =
+        TrainingArguments::from_args_with(["--data", "cifar10", "--seed", "7"], &["data"]).unwrap();
+    assert_eq!(own.get("data").map(String::as_str), Some("cifar10"));
+    let unknown = TrainingArguments::from_args(["--num-epochs", "3"]).unwrap_err();
+    assert!(unknown.to_string().contains("--num-epochs"), "{unknown}");
+    let typed = TrainingArguments::from_args(["--learning-rate", "fast"]).unwrap_err();
+    assert!(typed.to_string().contains("--learning-rate"), "{typed}");
+    let help = TrainingArguments::from_args(["--help"]).unwrap_err();
+    assert!(help.to_string().contains("--per-device-train-batch-size"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// HF's `get_scheduler` lambdas, written out: lr(k) = base * factor(k).
+fn hf_factor(kind: SchedulerType, k: f64, warmup: f64, total: f64) -> f64 {
+    if kind != SchedulerType::Constant && k < warmup {
+        return k / warmup.max(1.0);
+    }
+    match kind {
+        SchedulerType::Linear => ((total - k) / (total - warmup).max(1.0)).max(0.0),
+        SchedulerType::Cosine => {
+            let progress = (k - warmup) / (total - warmup).max(1.0);
+            (0.5 * (1.0 + (std::f64::consts::PI * 0.5 * 2.0 * progress).cos())).max(0.0)
+        }
+        _ => 1.0,
+    }
+}
+
+#[test]
+fn learning_rates_follow_hf_formulas() {
+    // Hand-computed points, warmup 2 of 10 steps, base 1.0.
+    let linear = HfSchedule::new(SchedulerType::Linear, 1.0, 2, 10);
+    assert_eq!(linear.lr_at(0), 0.0);
+    assert_eq!(linear.lr_at(1), 0.5);
+    assert_eq!(linear.lr_at(2), 1.0);
+    assert_eq!(linear.lr_at(6), 0.5);
+    assert_eq!(linear.lr_at(10), 0.0);
+    let cosine = HfSchedule::new(SchedulerType::Cosine, 1.0, 2, 10);
+    assert!((cosine.lr_at(6) - 0.5).abs() < 1e-12);
+    assert_eq!(
+        HfSchedule::new(SchedulerType::Constant, 1.0, 2, 10).lr_at(0),
+        1.0
+    );
+    assert_eq!(
+        HfSchedule::new(SchedulerType::ConstantWithWarmup, 1.0, 4, 10).lr_at(1),
+        0.25
+    );
+    // Every type, every step, stepping as the Accelerator does.
+    for kind in [
+        SchedulerType::Linear,
+        SchedulerType::Cosine,
+        SchedulerType::Constant,
+        SchedulerType::ConstantWithWarmup,
+    ] {
+        let warmup = HfSchedule::warmup_from(0, 0.1, 25);
+        assert_eq!(warmup, 3, "ceil(25 * 0.1)");
+        let mut schedule = HfSchedule::new(kind, 3e-4, warmup, 25);
+        for k in 0..25 {
+            let want = 3e-4 * hf_factor(kind, k as f64, 3.0, 25.0);
+            let got = schedule.step();
+            assert!(
+                (got - want).abs() < 1e-15,
+                "{kind} step {k}: {got} vs {want}"
+            );
+        }
+    }
+}
