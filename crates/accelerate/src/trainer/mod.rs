@@ -48,7 +48,7 @@ use burn::optim::{AdamW, AdamWConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::InferenceStep;
-use burn::train::metric::{Adaptor, LossInput, LossMetric};
+use burn::train::metric::{Adaptor, LossInput};
 
 pub use args::{IntervalStrategy, SchedulerType, TrainingArguments, UnknownValue};
 pub use callbacks::{EarlyStopping, Flow, TrainerCallback};
@@ -225,7 +225,7 @@ where
             train,
             eval,
             epochs,
-            metrics: vec![Box::new(LossMetric::<Inner<B>>::new())],
+            metrics: Vec::new(),
             callbacks,
             state,
             log,
@@ -234,10 +234,14 @@ where
 
     /// Adds evaluation metrics: one burn-train metric or a tuple of them, e.g.
     /// `(AccuracyMetric::new(), TopKAccuracyMetric::new(2))`; each is reported as
-    /// `eval_<name>` (the loss is always reported, as `eval_loss`).
+    /// `eval_<name>`. The loss is always reported, as `eval_loss`, per item (HF's way; a
+    /// `LossMetric` given here is left out: burn-train's weighs every batch the same).
     pub fn with_metrics(mut self, metrics: impl MetricSet<EO>) -> Self {
         for metric in metrics.into_boxed() {
             let key = metric.key();
+            if key == "eval_loss" {
+                continue;
+            }
             self.metrics.retain(|m| m.key() != key);
             self.metrics.push(metric);
         }

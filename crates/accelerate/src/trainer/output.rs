@@ -57,17 +57,21 @@ impl RunLog {
     }
 
     /// Appends `entry` to the file and prints it with the progress (`done` of `total`
-    /// optimizer steps, `items` processed so far on every rank).
+    /// optimizer steps, and for a training log the `items` processed so far on every rank).
     pub(crate) fn write(
         &self,
         entry: &LogEntry,
         done: u64,
         total: u64,
-        items: u64,
+        items: Option<u64>,
     ) -> Result<(), AccelerateError> {
         tracing::info!(step = entry.step, epoch = entry.epoch, values = %entry.values, "trainer log");
         if !self.main {
             return Ok(());
+        }
+        if let Some(dir) = self.path.parent() {
+            fs::create_dir_all(dir)
+                .map_err(|e| AccelerateError::io("create output directory", dir, e))?;
         }
         let mut file = OpenOptions::new()
             .create(true)
@@ -81,10 +85,12 @@ impl RunLog {
             0 => 0.0,
             _ => secs / done as f64 * total.saturating_sub(done) as f64,
         };
+        let rate = items.map_or(String::new(), |n| {
+            format!(" | {:.0} items/s", n as f64 / secs)
+        });
         eprintln!(
-            "[{done}/{total} | epoch {:.2} | {:.0} items/s | ETA {}] {}",
+            "[{done}/{total} | epoch {:.2}{rate} | ETA {}] {}",
             entry.epoch,
-            items as f64 / secs,
             clock(eta),
             entry.values
         );

@@ -8,8 +8,9 @@ use afterburner_precision::cast_module;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor, TensorData};
 use burn::train::InferenceStep;
-use burn::train::metric::{Adaptor, LossInput};
+use burn::train::metric::{Adaptor, LossInput, LossMetric, Metric};
 
+use super::EvalMetric;
 use super::checkpoints::{checkpoint_dir, checkpoints_to_delete, list_checkpoints};
 use super::metrics::metadata;
 use super::{
@@ -210,7 +211,7 @@ where
         {
             values.insert("grad_norm", norm);
         }
-        let entry = self.record_with(values, items)?;
+        let entry = self.record_with(values, Some(items))?;
         for callback in &mut self.callbacks {
             callback.on_log(&self.state, &entry);
         }
@@ -268,18 +269,21 @@ where
         }
         let total = self.eval.len();
         let per_batch = self.args.per_device_eval_batch_size;
+        // The loss per item (HF's eval_loss), not per batch: the last batch may be short.
+        let (mut loss_sum, mut items) = (0.0, 0usize);
         for (i, batch) in self.eval.epoch(0).enumerate() {
             let output = model.step(batch);
-            let meta = metadata(
-                ((i + 1) * per_batch).min(total),
-                total,
-                self.state.global_step,
-            );
+            let in_batch = per_batch.min(total - i * per_batch);
+            items += in_batch;
+            let meta = metadata(items, total, self.state.global_step);
+            let mut loss = LossMetric::<Inner<B>>::new();
+            Metric::update(&mut loss, &output.adapt(), &meta);
+            loss_sum += EvalMetric::<EO>::value(&loss).0 * in_batch as f64;
             for metric in &mut self.metrics {
                 metric.update(&output, &meta);
             }
         }
-        let mut sums = Vec::with_capacity(self.metrics.len() * 2);
+        let mut sums = vec![loss_sum, items as f64];
         for metric in &self.metrics {
             let (value, count) = metric.value();
             sums.push(if count == 0 {
@@ -291,7 +295,8 @@ where
         }
         let sums = self.sum_across_ranks(sums)?;
         let mut metrics = Metrics::default();
-        for (metric, pair) in self.metrics.iter().zip(sums.chunks(2)) {
+        metrics.insert("eval_loss", sums[0] / sums[1]);
+        for (metric, pair) in self.metrics.iter().zip(sums[2..].chunks(2)) {
             metrics.insert(metric.key(), pair[0] / pair[1]);
         }
         self.record(metrics.clone())?;
@@ -358,10 +363,14 @@ where
 
     /// Adds `values` to the log history and the log file.
     fn record(&mut self, values: Metrics) -> Result<LogEntry, AccelerateError> {
-        self.record_with(values, 0)
+        self.record_with(values, None)
     }
 
-    fn record_with(&mut self, values: Metrics, items: u64) -> Result<LogEntry, AccelerateError> {
+    fn record_with(
+        &mut self,
+        values: Metrics,
+        items: Option<u64>,
+    ) -> Result<LogEntry, AccelerateError> {
         let entry = LogEntry {
             step: self.state.global_step,
             epoch: self.state.epoch,
