@@ -138,9 +138,30 @@ fn the_command_line_overrides_a_file() {
     assert_eq!(args.effective_precision(), Precision::Bf16Mixed);
     assert_eq!(args.lr_scheduler_type, SchedulerType::Cosine);
     assert_eq!(args.save_total_limit, Some(2));
-    let (_, own) =
-        TrainingArguments::from_args_with(["--data", "cifar10", "--seed", "7"], &["data"]).unwrap();
+    // A program's own defaults, then the file, then the options; its own options come back.
+    let program = TrainingArguments {
+        num_train_epochs: 30.0,
+        warmup_steps: 7,
+        ..Default::default()
+    };
+    let (args, own) = program
+        .with_args(
+            [
+                "--data",
+                "cifar10",
+                "--config",
+                file.to_str().unwrap(),
+                "--seed",
+                "7",
+            ],
+            &["data"],
+        )
+        .unwrap();
     assert_eq!(own.get("data").map(String::as_str), Some("cifar10"));
+    assert_eq!(
+        (args.num_train_epochs, args.warmup_steps, args.seed),
+        (10.0, 7, 7)
+    );
     let unknown = TrainingArguments::from_args(["--num-epochs", "3"]).unwrap_err();
     assert!(unknown.to_string().contains("--num-epochs"), "{unknown}");
     let typed = TrainingArguments::from_args(["--learning-rate", "fast"]).unwrap_err();

@@ -22,13 +22,16 @@ impl TrainingArguments {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let (args, _) = Self::from_args_with(args, &[])?;
+        let (args, _) = Self::default().with_args(args, &[])?;
         Ok(args)
     }
 
-    /// [`from_args`](Self::from_args) that also accepts the program's own options `extra`
-    /// (kebab-case names without the dashes, each taking a value) and returns their values.
-    pub fn from_args_with<I, S>(
+    /// These arguments (a program's own defaults) overridden by a `--config` file, then by
+    /// the command-line options `args`, as in [`from_args`](Self::from_args). The program's
+    /// own options `extra` (kebab-case names without the dashes, each taking a value) are
+    /// accepted too and returned by name.
+    pub fn with_args<I, S>(
+        &self,
         args: I,
         extra: &[&str],
     ) -> Result<(Self, BTreeMap<String, String>), AccelerateError>
@@ -36,7 +39,7 @@ impl TrainingArguments {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let defaults = defaults();
+        let defaults = as_map(self);
         let mut overrides = Map::new();
         let mut own = BTreeMap::new();
         let mut config_file = None;
@@ -96,27 +99,34 @@ impl TrainingArguments {
                 ));
             }
         }
-        let mut merged = match config_file {
-            Some(path) => match read_file(Path::new(&path))? {
-                Value::Object(map) => map,
-                _ => {
-                    return Err(AccelerateError::argument(
-                        "--config",
-                        path,
-                        "a file holding a table of keys",
-                    ));
+        let mut merged = defaults;
+        match config_file.map(|path| (read_file(Path::new(&path)), path)) {
+            Some((Ok(Value::Object(mut file)), _)) => {
+                for (alias, key) in ALIASES {
+                    if let Some(value) = file.remove(alias) {
+                        file.insert(key.to_string(), value);
+                    }
                 }
-            },
-            None => Map::new(),
-        };
+                merged.extend(file);
+            }
+            Some((Ok(_), path)) => {
+                return Err(AccelerateError::argument(
+                    "--config",
+                    path,
+                    "a file holding a table of keys",
+                ));
+            }
+            Some((Err(e), _)) => return Err(e),
+            None => {}
+        }
         merged.extend(overrides);
         Ok((Self::from_value(Value::Object(merged))?, own))
     }
 }
 
-/// Every key with its default value, as JSON.
-fn defaults() -> Map<String, Value> {
-    match serde_json::to_value(TrainingArguments::default()) {
+/// Every key with its value in `args`, as JSON.
+fn as_map(args: &TrainingArguments) -> Map<String, Value> {
+    match serde_json::to_value(args) {
         Ok(Value::Object(map)) => map,
         _ => Map::new(),
     }

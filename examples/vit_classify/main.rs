@@ -1,0 +1,99 @@
+//! A small ViT classifier trained by the Trainer: the built-in 8x8 digits by default,
+//! CIFAR-10's binary files with `--data cifar10 --data-dir DIR`.
+//!
+//! ```text
+//! cargo run --release --example vit_classify
+//! cargo run --release --example vit_classify -- --bf16 --num-train-epochs 10
+//! cargo run --release --example vit_classify -- --config run.toml --save-total-limit 1
+//! cargo run --release --example vit_classify -- --data cifar10 --data-dir cifar-10-batches-bin
+//! ```
+//! Every `TrainingArguments` key is an option (`--help` lists them with this example's
+//! defaults); checkpoints, `log.jsonl` and the best model go to `--output-dir`
+//! (default `runs/vit_classify`).
+
+#[path = "../minimal/backend.rs"]
+mod backend;
+
+use afterburner::demos::models::VitConfig;
+use afterburner::demos::{cifar10, digits};
+use afterburner::trainer::{IntervalStrategy, SchedulerType, Trainer, TrainingArguments};
+use burn::data::dataset::Dataset;
+use burn::train::metric::AccuracyMetric;
+
+use backend::{B, device};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
+
+/// This example's defaults: 30 epochs of batch 32 at 2e-3, an evaluation and a checkpoint
+/// per epoch, the two newest checkpoints and the best one kept, the best model (by
+/// accuracy) reloaded at the end.
+fn defaults() -> TrainingArguments {
+    TrainingArguments {
+        output_dir: "runs/vit_classify".into(),
+        num_train_epochs: 30.0,
+        per_device_train_batch_size: 32,
+        per_device_eval_batch_size: 128,
+        learning_rate: 2e-3,
+        weight_decay: 1e-4,
+        warmup_ratio: 0.05,
+        lr_scheduler_type: SchedulerType::Cosine,
+        eval_strategy: IntervalStrategy::Epoch,
+        save_strategy: IntervalStrategy::Epoch,
+        logging_strategy: IntervalStrategy::Epoch,
+        save_total_limit: Some(2),
+        load_best_model_at_end: true,
+        metric_for_best_model: Some("accuracy".into()),
+        dataloader_num_workers: 2,
+        ..Default::default()
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let (args, own) = defaults().with_args(std::env::args().skip(1), &["data", "data-dir"])?;
+    let data = own.get("data").map_or("digits", String::as_str);
+    let (train, test, vit) = match data {
+        "digits" => {
+            let (train, test) = digits::load()?.split(0.2, 0);
+            (train, test, VitConfig::new())
+        }
+        "cifar10" => {
+            let dir = own
+                .get("data-dir")
+                .ok_or("--data cifar10 needs --data-dir DIR (CIFAR-10's binary version)")?;
+            let train = cifar10::load(dir, cifar10::Split::Train)?;
+            let test = cifar10::load(dir, cifar10::Split::Test)?;
+            let vit = VitConfig::new()
+                .with_channels(3)
+                .with_image_size(32)
+                .with_patch_size(4);
+            (train, test, vit)
+        }
+        other => return Err(format!("--data {other}: expected digits or cifar10").into()),
+    };
+    println!(
+        "{data}: {} train / {} test images, {} epochs, batch {}, {}",
+        train.len(),
+        test.len(),
+        args.num_train_epochs,
+        args.per_device_train_batch_size,
+        args.effective_precision()
+    );
+    let batcher = train.batcher();
+    let model = vit.with_num_classes(10).init::<B>(&device());
+    let mut trainer =
+        Trainer::new(model, args, train, test, batcher)?.with_metrics((AccuracyMetric::new(),));
+    println!("{}", trainer.train()?);
+    let metrics = trainer.evaluate()?;
+    println!("test accuracy (best model): {:.2}%", accuracy(&metrics));
+    Ok(())
+}
+
+/// burn-train's accuracy is in percent.
+fn accuracy(metrics: &afterburner::trainer::Metrics) -> f64 {
+    metrics.get("eval_accuracy").unwrap_or(f64::NAN)
+}
