@@ -324,6 +324,36 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(Some(summary))
     }
 
+    /// Multiplies the pending gradients by `factor` (before unscaling and clipping: call it
+    /// between the cycle's last `backward` and `step`, before `clip_grad_norm`). For a loss
+    /// normalised by a count known only at the end of the cycle, like the Trainer's per-item
+    /// loss under accumulation.
+    pub fn scale_gradients<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        factor: f64,
+    ) -> Result<(), AccelerateError> {
+        if !factor.is_finite() {
+            return Err(AccelerateError::invalid(
+                "factor",
+                factor,
+                "a finite number",
+            ));
+        }
+        if self.unscaled.is_some() {
+            return Err(AccelerateError::CallOrder(
+                "scale_gradients() after clip_grad_norm() in the same cycle".into(),
+            ));
+        }
+        let Some(grads) = self.pending.as_mut() else {
+            return Err(AccelerateError::CallOrder(
+                "scale_gradients() with no pending gradients: call backward() first".into(),
+            ));
+        };
+        grads::scale::<B, M>(model, grads, factor);
+        Ok(())
+    }
+
     /// Clips the pending gradients to a global L2 norm of `max_norm` (after unscaling) and
     /// returns the norm before clipping, like `accelerator.clip_grad_norm_`. Call it when
     /// [`sync_gradients`](Self::sync_gradients) is true, between `backward` and `step`;

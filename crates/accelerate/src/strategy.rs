@@ -35,6 +35,12 @@ pub enum AnyStrategy<B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> AnyStrategy<B> {
+    /// Whether each optimizer step uses the mean gradient over the ranks (DDP, ZeRO-1,
+    /// FSDP); Local SGD and DiLoCo ranks step on their own gradients.
+    pub fn averages_gradients(&self) -> bool {
+        matches!(self, Self::Ddp(_) | Self::Zero1(_) | Self::Fsdp(_))
+    }
+
     /// The strategy `config` asks for, over `group` (`None` on a single device).
     pub(crate) fn build(
         config: &AcceleratorConfig,

@@ -50,6 +50,12 @@ pub struct TrainingArguments {
     pub warmup_ratio: f64,
     /// Micro-batches per optimizer step. Default 1.
     pub gradient_accumulation_steps: usize,
+    /// How the loss is normalised over an accumulation cycle: "batch-mean" (default: the
+    /// mean of the micro-batches' mean losses) or "per-item" (HF's 2024 fix: the loss summed
+    /// over every item, token, of the cycle on every rank, divided by their number, so
+    /// micro-batches with different item counts give the full batch's gradient; the model
+    /// implements [`TrainLoss::train_loss_sum`](super::TrainLoss::train_loss_sum)).
+    pub loss_normalization: LossNormalization,
     /// Precision policy (Lightning's spellings: "32-true", "bf16-mixed", "16-mixed",
     /// "bf16-true", "16-true"). Default "32-true"; `bf16` / `fp16` set the mixed ones.
     pub precision: Precision,
@@ -131,6 +137,7 @@ impl Default for TrainingArguments {
             warmup_steps: 0,
             warmup_ratio: 0.0,
             gradient_accumulation_steps: 1,
+            loss_normalization: LossNormalization::BatchMean,
             precision: Precision::default(),
             bf16: false,
             fp16: false,
@@ -200,6 +207,40 @@ impl FromStr for IntervalStrategy {
             _ => Err(UnknownValue {
                 given: s.into(),
                 valid: "no, steps, epoch",
+            }),
+        }
+    }
+}
+
+/// How the loss is normalised over an accumulation cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+pub enum LossNormalization {
+    /// The mean of the micro-batches' mean losses.
+    #[default]
+    BatchMean,
+    /// The cycle's summed loss divided by its number of items, across ranks.
+    PerItem,
+}
+
+impl fmt::Display for LossNormalization {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::BatchMean => "batch-mean",
+            Self::PerItem => "per-item",
+        })
+    }
+}
+
+impl FromStr for LossNormalization {
+    type Err = UnknownValue;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "batch-mean" => Ok(Self::BatchMean),
+            "per-item" => Ok(Self::PerItem),
+            _ => Err(UnknownValue {
+                given: s.into(),
+                valid: "batch-mean, per-item",
             }),
         }
     }

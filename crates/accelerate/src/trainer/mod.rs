@@ -50,7 +50,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::train::InferenceStep;
 use burn::train::metric::{Adaptor, LossInput};
 
-pub use args::{IntervalStrategy, SchedulerType, TrainingArguments, UnknownValue};
+pub use args::{
+    IntervalStrategy, LossNormalization, SchedulerType, TrainingArguments, UnknownValue,
+};
 pub use callbacks::{EarlyStopping, Flow, TrainerCallback};
 pub use checkpoints::{
     checkpoint_dir, checkpoints_to_delete, list_checkpoints, resolve_checkpoint,
@@ -75,6 +77,21 @@ pub trait TrainLoss<B: AutodiffBackend, Batch>: AutodiffModule<B> {
         acc: &Accelerator<B>,
         batch: Batch,
     ) -> Result<Tensor<B, 1>, AccelerateError>;
+
+    /// For `loss_normalization = "per-item"`: the loss summed over the batch's items (not
+    /// their mean) and the number of items that count in it (tokens that are not padding,
+    /// say). The default is an error naming the setting.
+    fn train_loss_sum(
+        &self,
+        _acc: &Accelerator<B>,
+        _batch: Batch,
+    ) -> Result<(Tensor<B, 1>, usize), AccelerateError> {
+        Err(AccelerateError::argument(
+            "loss_normalization",
+            "per-item",
+            "a model that implements TrainLoss::train_loss_sum",
+        ))
+    }
 }
 
 /// The evaluation model of a Trainer: `M` without autodiff.
@@ -91,7 +108,8 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, I, TB, EB, EO> {
     optim: OptimizerAdaptor<AdamW, M, B>,
     schedule: HfSchedule,
     train: DataLoader<B, I, TB>,
-    eval: DataLoader<Inner<B>, I, EB>,
+    /// This rank's share of the evaluation data (`None` when it has no item).
+    eval: Option<DataLoader<Inner<B>, I, EB>>,
     epochs: usize,
     metrics: Vec<Box<dyn EvalMetric<EO>>>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
@@ -192,13 +210,18 @@ where
             ));
         }
         let shard = ShardOf::new(Arc::new(eval_dataset), acc.rank(), acc.world_size());
-        let eval = DataLoader::new(
-            shard,
-            batcher,
-            args.per_device_eval_batch_size,
-            acc.device().clone(),
-        )?
-        .prefetch(args.dataloader_num_workers);
+        let eval = match shard.is_empty() {
+            true => None,
+            false => Some(
+                DataLoader::new(
+                    shard,
+                    batcher,
+                    args.per_device_eval_batch_size,
+                    acc.device().clone(),
+                )?
+                .prefetch(args.dataloader_num_workers),
+            ),
+        };
         let (max_steps, epochs) = plan(&args, train.num_batches());
         let warmup = HfSchedule::warmup_from(args.warmup_steps, args.warmup_ratio, max_steps);
         let schedule = HfSchedule::new(

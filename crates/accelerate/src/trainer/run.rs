@@ -14,8 +14,8 @@ use super::EvalMetric;
 use super::checkpoints::{checkpoint_dir, checkpoints_to_delete, list_checkpoints};
 use super::metrics::metadata;
 use super::{
-    EvalModel, Flow, Inner, IntervalStrategy, LogEntry, Metrics, TrainLoss, TrainSummary, Trainer,
-    TrainerState, lost_model, resolve_checkpoint,
+    EvalModel, Flow, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss,
+    TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
 use crate::{AccelerateError, StateParts, StepOutcome};
@@ -55,6 +55,8 @@ where
         let items_per_batch =
             (self.args.per_device_train_batch_size * self.acc.world_size()) as u64;
         let first_batch = self.state.batches_total;
+        let per_item = self.args.loss_normalization == LossNormalization::PerItem;
+        let mut cycle_items = 0usize;
         let mut stopped_early = false;
         let mut done = self.state.global_step >= self.state.max_steps;
         for epoch in start_epoch..self.epochs {
@@ -65,13 +67,27 @@ where
             let mut stepped = false;
             for (i, batch) in self.train.epoch_from(epoch, skip).enumerate() {
                 let model = self.model.take().ok_or_else(lost_model)?;
-                let loss = model.train_loss(&self.acc, batch)?;
-                let value = loss.clone().into_scalar().elem::<f64>();
+                let (loss, value) = match per_item {
+                    true => {
+                        let (sum, items) = model.train_loss_sum(&self.acc, batch)?;
+                        cycle_items += items;
+                        let total = sum.clone().into_scalar().elem::<f64>();
+                        (sum, total / items.max(1) as f64)
+                    }
+                    false => {
+                        let loss = model.train_loss(&self.acc, batch)?;
+                        let value = loss.clone().into_scalar().elem::<f64>();
+                        (loss, value)
+                    }
+                };
                 self.state.loss_since_log += value;
                 self.state.batches_since_log += 1;
                 self.state.loss_total += value;
                 self.state.batches_total += 1;
                 self.acc.backward(loss, &model)?;
+                if per_item && self.acc.sync_gradients() {
+                    self.normalise_per_item(&model, std::mem::take(&mut cycle_items))?;
+                }
                 let model = self.acc.step(model, &mut self.optim, &mut self.schedule)?;
                 self.model = Some(model);
                 if self.acc.last_step() == StepOutcome::Accumulating {
@@ -97,6 +113,29 @@ where
             }
         }
         self.finish(stopped_early, first_batch, items_per_batch)
+    }
+
+    /// Per-item loss normalisation at the end of a cycle whose summed losses were
+    /// back-propagated: the Accelerator divided them by the cycle's micro-batches and, under
+    /// DDP-like strategies, averaged over the ranks; this makes it a division by the items of
+    /// the whole cycle on every rank.
+    fn normalise_per_item(&mut self, model: &M, items: usize) -> Result<(), AccelerateError> {
+        let micro = self.acc.pending_micro_batches() as f64;
+        let (items, ranks) = match self.acc.strategy().averages_gradients() {
+            true => {
+                let all = self.sum_across_ranks(vec![items as f64])?;
+                (all[0], self.acc.world_size() as f64)
+            }
+            false => (items as f64, 1.0),
+        };
+        if items == 0.0 {
+            return Err(AccelerateError::argument(
+                "loss_normalization",
+                "per-item",
+                "at least one item in every accumulation cycle (train_loss_sum counted none)",
+            ));
+        }
+        self.acc.scale_gradients(model, micro * ranks / items)
     }
 
     /// The end of training: Local SGD's last average, a final save under
@@ -267,11 +306,17 @@ where
         for metric in &mut self.metrics {
             metric.clear();
         }
-        let total = self.eval.len();
+        let total = self.eval.as_ref().map_or(0, |eval| eval.len());
         let per_batch = self.args.per_device_eval_batch_size;
         // The loss per item (HF's eval_loss), not per batch: the last batch may be short.
         let (mut loss_sum, mut items) = (0.0, 0usize);
-        for (i, batch) in self.eval.epoch(0).enumerate() {
+        let batches = self
+            .eval
+            .as_ref()
+            .map(|eval| eval.epoch(0))
+            .into_iter()
+            .flatten();
+        for (i, batch) in batches.enumerate() {
             let output = model.step(batch);
             let in_batch = per_batch.min(total - i * per_batch);
             items += in_batch;
@@ -294,6 +339,13 @@ where
             sums.push(count as f64);
         }
         let sums = self.sum_across_ranks(sums)?;
+        if sums[1] == 0.0 {
+            return Err(AccelerateError::argument(
+                "eval_dataset",
+                "empty",
+                "at least one item to evaluate on",
+            ));
+        }
         let mut metrics = Metrics::default();
         metrics.insert("eval_loss", sums[0] / sums[1]);
         for (metric, pair) in self.metrics.iter().zip(sums[2..].chunks(2)) {
