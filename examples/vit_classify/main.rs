@@ -8,8 +8,8 @@
 //! cargo run --release --example vit_classify -- --data cifar10 --data-dir cifar-10-batches-bin
 //! ```
 //! Every `TrainingArguments` key is an option (`--help` lists them with this example's
-//! defaults); checkpoints, `log.jsonl` and the best model go to `--output-dir`
-//! (default `runs/vit_classify`).
+//! defaults); checkpoints, `log.jsonl` and the best model (`model.safetensors`) go to
+//! `--output-dir` (default `runs/vit_classify`).
 
 #[path = "../minimal/backend.rs"]
 mod backend;
@@ -17,6 +17,7 @@ mod backend;
 use afterburner::demos::models::VitConfig;
 use afterburner::demos::{cifar10, digits};
 use afterburner::trainer::{IntervalStrategy, SchedulerType, Trainer, TrainingArguments};
+use afterburner::weights::Layout;
 use burn::data::dataset::Dataset;
 use burn::train::metric::AccuracyMetric;
 
@@ -90,6 +91,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", trainer.train()?);
     let metrics = trainer.evaluate()?;
     println!("test accuracy (best model): {:.2}%", accuracy(&metrics));
+    let saved = trainer.args().output_dir.join("model.safetensors");
+    trainer.save_model(&saved, Layout::Burn)?;
+    println!("model saved to {}", saved.display());
     Ok(())
 }
 

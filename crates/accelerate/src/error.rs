@@ -92,6 +92,24 @@ pub enum AccelerateError {
         /// What is wrong.
         reason: String,
     },
+    /// A weights file does not match the model: its keys, listed (after renames).
+    #[error(
+        "weights {path} do not match the model: missing from the file [{}], unexpected in the \
+         file [{}]{}",
+        missing.join(", "),
+        unexpected.join(", "),
+        errors.iter().map(|e| format!("; {e}")).collect::<String>()
+    )]
+    Weights {
+        /// The file.
+        path: PathBuf,
+        /// Model parameters the file lacks.
+        missing: Vec<String>,
+        /// Tensors of the file that no model parameter takes.
+        unexpected: Vec<String>,
+        /// Tensors that could not be applied (a shape or dtype mismatch).
+        errors: Vec<String>,
+    },
     /// Any other error, e.g. one a worker closure returns for its own reasons (a worker that
     /// returns an error stops every rank).
     #[error("{0}")]

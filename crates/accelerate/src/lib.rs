@@ -37,6 +37,7 @@ mod state;
 mod state_files;
 mod strategy;
 pub mod trainer;
+pub mod weights;
 
 pub use accelerator::{Accelerator, Counters, StepOutcome};
 pub use afterburner_checkpoint as checkpoint;

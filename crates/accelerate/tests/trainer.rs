@@ -253,6 +253,14 @@ fn rotation_keeps_the_best_checkpoint_and_the_newest() {
     );
     check.train().unwrap();
     assert_eq!(model_params(&t), model_params(&check));
+    // The final model as safetensors loads back with the same values.
+    let file = out.join("model.safetensors");
+    t.save_model(&file, afterburner::weights::Layout::Burn)
+        .unwrap();
+    let loaded = afterburner::weights::LoadWeights::from_file(&file)
+        .into_model(vit(12))
+        .unwrap();
+    assert_eq!(flatten(&params(&loaded)), model_params(&t));
     std::fs::remove_dir_all(out).ok();
 }
 

@@ -283,6 +283,21 @@ where
         self.model.as_ref().ok_or_else(lost_model)
     }
 
+    /// Saves the whole model's parameters as a safetensors file (in PyTorch's layout with
+    /// [`Layout::PyTorch`](crate::weights::Layout), for `safetensors.torch.load_file`). Every
+    /// rank calls it (FSDP gathers the shards); the main process writes.
+    pub fn save_model(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        layout: crate::weights::Layout,
+    ) -> Result<(), AccelerateError> {
+        let full = self.acc.full_model(self.model()?)?;
+        if self.acc.is_main_process() {
+            crate::weights::save_safetensors(&full, path, layout)?;
+        }
+        self.acc.barrier()
+    }
+
     /// The trained model, and the Accelerator that holds its strategy.
     pub fn into_parts(self) -> Result<(M, Accelerator<B>), AccelerateError> {
         Ok((self.model.ok_or_else(lost_model)?, self.acc))
