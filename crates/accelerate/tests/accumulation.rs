@@ -60,7 +60,10 @@ fn compare(
     println!(
         "{name}: parameters max relative diff {param_err:.2e}, updates relative L2 {update_err:.2e}"
     );
-    assert!(param_err < 1e-5, "{name}: parameters differ by {param_err}");
+    // Flex's multithreaded gemm (burn-flex's `rayon`, on since the Trainer's burn-train
+    // dependency) splits a batch of 32 and four of 8 differently, so single near-zero
+    // parameters move by a few 1e-5 relative; the updates as a whole agree to 1e-6.
+    assert!(param_err < 1e-4, "{name}: parameters differ by {param_err}");
     assert!(update_err < 1e-4, "{name}: updates differ by {update_err}");
     assert!(update_b.iter().any(|u| *u != 0.0));
 }

@@ -4,6 +4,8 @@
 //! - [`models`]: a small ViT and a character Transformer, built from Burn's own layers.
 //! - [`digits`]: the built-in default data (UCI 8x8 handwritten digits, shipped in the crate).
 //! - [`cifar10`]: a reader of CIFAR-10's binary format for users who have the files.
+//! - [`text`]: the built-in text (chapters of "Around the World in 80 Days") as byte windows
+//!   for the character language model, and sampling from it.
 //! - [`ImageItem`] / [`ImageDataset`] / [`ImageBatcher`]: labelled images, a Burn dataset of
 //!   them, and the Burn batcher to `[batch, channels, height, width]` tensors.
 
@@ -12,5 +14,6 @@ pub mod digits;
 mod image;
 pub mod models;
 mod steps;
+pub mod text;
 
 pub use image::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, train_test_split};

@@ -1,14 +1,15 @@
-//! The demo ViT on the [`Trainer`](crate::trainer::Trainer): its training loss and its
-//! evaluation output (burn-train's `ClassificationOutput`, which every classification metric
-//! reads).
+//! The demo models on the [`Trainer`](crate::trainer::Trainer): their training loss and
+//! their evaluation output (burn-train's `ClassificationOutput`, which every classification
+//! metric reads; the language model's is one classification per byte).
 
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep};
 
 use super::ImageBatch;
-use super::models::Vit;
+use super::models::{Transformer, Vit};
+use super::text::TokenBatch;
 use crate::trainer::TrainLoss;
 use crate::{AccelerateError, Accelerator};
 
@@ -35,4 +36,52 @@ impl<B: Backend> InferenceStep for Vit<B> {
             .forward(logits.clone(), batch.labels.clone());
         ClassificationOutput::new(loss, logits, batch.labels)
     }
+}
+
+impl<B: AutodiffBackend> TrainLoss<B, TokenBatch<B>> for Transformer<B> {
+    fn train_loss(
+        &self,
+        acc: &Accelerator<B>,
+        batch: TokenBatch<B>,
+    ) -> Result<Tensor<B, 1>, AccelerateError> {
+        let logits = acc.forward(self, batch.inputs, |model, tokens| model.forward(tokens))?;
+        Ok(next_token_loss(logits, batch.targets))
+    }
+
+    /// Every predicted byte is an item: the mean loss times their number.
+    fn train_loss_sum(
+        &self,
+        acc: &Accelerator<B>,
+        batch: TokenBatch<B>,
+    ) -> Result<(Tensor<B, 1>, usize), AccelerateError> {
+        let [b, t] = batch.targets.dims();
+        let mean = self.train_loss(acc, batch)?;
+        Ok((mean.mul_scalar((b * t) as f64), b * t))
+    }
+}
+
+impl<B: Backend> InferenceStep for Transformer<B> {
+    type Input = TokenBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    /// One prediction per byte: `[batch * seq_len, vocab]` logits, so accuracy and
+    /// perplexity read it as a classification.
+    fn step(&self, batch: TokenBatch<B>) -> ClassificationOutput<B> {
+        let logits = self.forward(batch.inputs);
+        let [b, t, vocab] = logits.dims();
+        let logits = logits.reshape([b * t, vocab]);
+        let targets = batch.targets.reshape([b * t]);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits.clone(), targets.clone());
+        ClassificationOutput::new(loss, logits, targets)
+    }
+}
+
+/// Cross-entropy of `[batch, seq_len, vocab]` logits against `[batch, seq_len]` next bytes.
+fn next_token_loss<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    let [b, t, vocab] = logits.dims();
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits.reshape([b * t, vocab]), targets.reshape([b * t]))
 }
