@@ -1,14 +1,18 @@
 //! Pretrained weights: safetensors written by Burn and in PyTorch's layout load back with the
-//! expected values; a file that does not match names every missing and unexpected key.
+//! expected values; files written by PyTorch itself (`tests/fixtures/make_torch_weights.py`)
+//! load and give PyTorch's output; a file that does not match names every missing and
+//! unexpected key.
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use afterburner::weights::{Layout, LoadWeights, save_safetensors};
 use burn::backend::Flex;
-use burn::nn::{Linear, LinearConfig};
-use burn::tensor::Tensor;
+use burn::module::Module;
+use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
 use common::{flatten, params, rng_lock, vit};
 
 fn temp_file(name: &str) -> PathBuf {
@@ -117,4 +121,64 @@ fn a_pytorch_layout_file_loads_transposed() {
             .into_model(linear)
             .is_err()
     );
+}
+
+/// The Burn twin of the PyTorch module in `tests/fixtures/make_torch_weights.py`.
+#[derive(Module, Debug)]
+struct Tiny<B: Backend> {
+    fc: Linear<B>,
+    norm: LayerNorm<B>,
+}
+
+impl<B: Backend> Tiny<B> {
+    fn new(device: &B::Device) -> Self {
+        Self {
+            fc: LinearConfig::new(3, 4).init(device),
+            norm: LayerNormConfig::new(4).init(device),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.norm.forward(self.fc.forward(x))
+    }
+}
+
+#[test]
+fn files_written_by_pytorch_load_and_give_pytorchs_output() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let text = std::fs::read_to_string(fixtures.join("tiny_torch_output.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = |key: &str| -> Vec<f32> {
+        expected[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+            })
+            .collect()
+    };
+    let device = Default::default();
+    let input = Tensor::<Flex, 2>::from_data(TensorData::new(rows("input"), [2, 3]), &device);
+    let want = rows("output");
+    for file in ["tiny_torch.safetensors", "tiny_torch.pt"] {
+        let model = LoadWeights::from_file(fixtures.join(file))
+            .layout(Layout::PyTorch)
+            .into_model(Tiny::<Flex>::new(&device))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let got = model
+            .forward(input.clone())
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() < 1e-5,
+                "{file}: {got:?} vs PyTorch's {want:?}"
+            );
+        }
+    }
 }
