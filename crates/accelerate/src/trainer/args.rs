@@ -104,6 +104,9 @@ pub struct TrainingArguments {
     pub dataloader_drop_last: bool,
     /// Batches prepared ahead on a background thread (0: on the training thread). Default 0.
     pub dataloader_num_workers: usize,
+    /// No progress bar (the log lines stay). Default false: a bar when standard error is a
+    /// terminal.
+    pub disable_tqdm: bool,
     /// How training is spread over devices ("single-device", "ddp", "zero-1", "fsdp",
     /// "local-sgd", "diloco"). Default "single-device".
     pub strategy: Strategy,
@@ -157,6 +160,7 @@ impl Default for TrainingArguments {
             data_seed: None,
             dataloader_drop_last: false,
             dataloader_num_workers: 0,
+            disable_tqdm: false,
             strategy: Strategy::SingleDevice,
             devices: 1,
             resume_from_checkpoint: None,

@@ -238,7 +238,7 @@ where
             max_steps: max_steps as u64,
             ..TrainerState::default()
         };
-        let log = RunLog::new(&args.output_dir, acc.is_main_process());
+        let log = RunLog::new(&args.output_dir, acc.is_main_process(), !args.disable_tqdm);
         Ok(Self {
             acc,
             args,

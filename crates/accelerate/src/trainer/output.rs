@@ -1,12 +1,13 @@
 //! Where the Trainer's logs go: `output_dir/log.jsonl` (one JSON object per log or
-//! evaluation), a progress line on standard error and a `tracing` event, all on the main
-//! process only.
+//! evaluation), a progress bar on a terminal (a progress line per log otherwise) and a
+//! `tracing` event, all on the main process only.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 
 use super::LogEntry;
@@ -20,14 +21,41 @@ pub(crate) struct RunLog {
     path: PathBuf,
     main: bool,
     started: Instant,
+    /// Whether a progress bar may be drawn (HF's `disable_tqdm` off).
+    bar_allowed: bool,
+    bar: Option<ProgressBar>,
 }
 
 impl RunLog {
-    pub(crate) fn new(output_dir: &Path, main: bool) -> Self {
+    pub(crate) fn new(output_dir: &Path, main: bool, bar_allowed: bool) -> Self {
         Self {
             path: output_dir.join(LOG_FILE),
             main,
             started: Instant::now(),
+            bar_allowed,
+            bar: None,
+        }
+    }
+
+    /// Draws the bar at `done` of `total` optimizer steps (on a terminal, main process).
+    pub(crate) fn progress(&mut self, done: u64, total: u64) {
+        if !(self.main && self.bar_allowed && std::io::stderr().is_terminal()) {
+            return;
+        }
+        let bar = self.bar.get_or_insert_with(|| {
+            let style = ProgressStyle::default_bar()
+                .template("{bar:30} {pos}/{len} steps [{elapsed_precise}<{eta_precise}] {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+            ProgressBar::new(total).with_style(style)
+        });
+        bar.set_length(total);
+        bar.set_position(done);
+    }
+
+    /// Removes the bar (at the end of training).
+    pub(crate) fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
         }
     }
 

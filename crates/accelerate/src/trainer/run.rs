@@ -95,6 +95,8 @@ where
                 }
                 stepped = true;
                 self.state.global_step += 1;
+                self.log
+                    .progress(self.state.global_step, self.state.max_steps);
                 self.state.epoch = epoch as f64 + (skip + i + 1) as f64 / batches as f64;
                 let items = (self.state.batches_total - first_batch) * items_per_batch;
                 let flow = self.events(At::StepEnd, items)?;
@@ -174,6 +176,7 @@ where
         metrics.insert("train_loss", loss);
         metrics.insert("epoch", self.state.epoch);
         self.record(metrics.clone())?;
+        self.log.finish();
         for callback in &mut self.callbacks {
             callback.on_train_end(&self.state);
         }
