@@ -40,7 +40,7 @@ fn small_args(name: &str) -> TrainingArguments {
         learning_rate: 2e-3,
         weight_decay: 0.01,
         gradient_accumulation_steps: 2,
-        warmup_steps: 2,
+        warmup_steps: 2.0,
         lr_scheduler_type: SchedulerType::Cosine,
         save_strategy: IntervalStrategy::No,
         logging_steps: 1.0,

@@ -20,7 +20,7 @@ fn defaults_are_hf_defaults() {
     );
     assert_eq!(a.max_grad_norm, 1.0);
     assert_eq!(a.lr_scheduler_type, SchedulerType::Linear);
-    assert_eq!((a.warmup_steps, a.warmup_ratio), (0, 0.0));
+    assert_eq!((a.warmup_steps, a.warmup_ratio), (0.0, 0.0));
     assert_eq!(a.gradient_accumulation_steps, 1);
     assert_eq!(a.effective_precision(), Precision::Full32);
     assert!(!a.bf16 && !a.fp16);
@@ -141,7 +141,7 @@ fn the_command_line_overrides_a_file() {
     // A program's own defaults, then the file, then the options; its own options come back.
     let program = TrainingArguments {
         num_train_epochs: 30.0,
-        warmup_steps: 7,
+        warmup_steps: 7.0,
         ..Default::default()
     };
     let (args, own) = program
@@ -160,7 +160,7 @@ fn the_command_line_overrides_a_file() {
     assert_eq!(own.get("data").map(String::as_str), Some("cifar10"));
     assert_eq!(
         (args.num_train_epochs, args.warmup_steps, args.seed),
-        (10.0, 7, 7)
+        (10.0, 7.0, 7)
     );
     let unknown = TrainingArguments::from_args(["--num-epochs", "3"]).unwrap_err();
     assert!(unknown.to_string().contains("--num-epochs"), "{unknown}");
@@ -212,8 +212,14 @@ fn learning_rates_follow_hf_formulas() {
         SchedulerType::Constant,
         SchedulerType::ConstantWithWarmup,
     ] {
-        let warmup = HfSchedule::warmup_from(0, 0.1, 25);
+        let warmup = HfSchedule::warmup_from(0.0, 0.1, 25);
         assert_eq!(warmup, 3, "ceil(25 * 0.1)");
+        assert_eq!(
+            HfSchedule::warmup_from(0.1, 0.0, 25),
+            3,
+            "transformers 5: a share"
+        );
+        assert_eq!(HfSchedule::warmup_from(4.0, 0.1, 25), 4);
         let mut schedule = HfSchedule::new(kind, 3e-4, warmup, 25);
         for k in 0..25 {
             let want = 3e-4 * hf_factor(kind, k as f64, 3.0, 25.0);
@@ -223,5 +229,54 @@ fn learning_rates_follow_hf_formulas() {
                 "{kind} step {k}: {got} vs {want}"
             );
         }
+    }
+}
+
+/// The same schedules as transformers 5.24's `get_scheduler` stepped by PyTorch, recorded by
+/// `tests/fixtures/make_hf_schedules.py`.
+#[test]
+fn learning_rates_equal_transformers_get_scheduler() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/hf_schedules.json"
+    );
+    let hf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (base, warmup, total) = (
+        hf["base_lr"].as_f64().unwrap(),
+        hf["warmup"].as_u64().unwrap() as usize,
+        hf["total"].as_u64().unwrap() as usize,
+    );
+    for (name, lrs) in hf["schedules"].as_object().unwrap() {
+        let kind: SchedulerType = name.parse().unwrap();
+        let mut schedule = HfSchedule::new(kind, base, warmup, total);
+        for (k, want) in lrs.as_array().unwrap().iter().enumerate() {
+            let (got, want) = (schedule.step(), want.as_f64().unwrap());
+            assert!(
+                (got - want).abs() <= 1e-12 * base,
+                "{name} step {k}: {got} vs HF's {want}"
+            );
+        }
+    }
+}
+
+/// Every shared key's default equals transformers 5.24's, as recorded by
+/// `tests/fixtures/make_hf_defaults.py` (numbers compared as numbers: HF's 500 is our 500.0).
+#[test]
+fn defaults_equal_transformers_training_arguments() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/hf_defaults.json"
+    );
+    let hf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let ours = serde_json::to_value(TrainingArguments::default()).unwrap();
+    for (key, want) in hf["defaults"].as_object().unwrap() {
+        let got = &ours[key];
+        let same = match (got.as_f64(), want.as_f64()) {
+            (Some(a), Some(b)) => a == b,
+            _ => got == want,
+        };
+        assert!(same, "{key}: ours {got}, transformers {want}");
     }
 }

@@ -44,9 +44,11 @@ pub struct TrainingArguments {
     /// The learning-rate schedule: "linear" (default), "cosine", "constant",
     /// "constant_with_warmup".
     pub lr_scheduler_type: SchedulerType,
-    /// Optimizer steps of linear warmup from 0; wins over `warmup_ratio` when > 0. Default 0.
-    pub warmup_steps: usize,
-    /// Share of the total optimizer steps used for warmup, in [0, 1]. Default 0.0.
+    /// Optimizer steps of linear warmup from 0 (below 1: a share of the total steps, as in
+    /// transformers 5); wins over `warmup_ratio` when > 0. Default 0.
+    pub warmup_steps: f64,
+    /// Share of the total optimizer steps used for warmup, in [0, 1] (transformers 4's key).
+    /// Default 0.0.
     pub warmup_ratio: f64,
     /// Micro-batches per optimizer step. Default 1.
     pub gradient_accumulation_steps: usize,
@@ -137,7 +139,7 @@ impl Default for TrainingArguments {
             adam_epsilon: 1e-8,
             max_grad_norm: 1.0,
             lr_scheduler_type: SchedulerType::Linear,
-            warmup_steps: 0,
+            warmup_steps: 0.0,
             warmup_ratio: 0.0,
             gradient_accumulation_steps: 1,
             loss_normalization: LossNormalization::BatchMean,
@@ -424,6 +426,15 @@ impl TrainingArguments {
         }
         if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
             return bad("max_grad_norm", &self.max_grad_norm, "a finite number >= 0");
+        }
+        if !(self.warmup_steps.is_finite() && self.warmup_steps >= 0.0)
+            || (self.warmup_steps > 1.0 && self.warmup_steps.fract() != 0.0)
+        {
+            return bad(
+                "warmup_steps",
+                &self.warmup_steps,
+                "a whole number >= 0, or a share of the total steps below 1",
+            );
         }
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
             return bad("warmup_ratio", &self.warmup_ratio, "a number in [0, 1]");

@@ -42,11 +42,14 @@ impl HfSchedule {
         }
     }
 
-    /// HF's warmup length: `warmup_steps` when > 0, else `ceil(total_steps * warmup_ratio)`.
-    pub fn warmup_from(warmup_steps: usize, warmup_ratio: f64, total_steps: usize) -> usize {
+    /// HF's warmup length: `warmup_steps` when >= 1, `ceil(total_steps * warmup_steps)` when
+    /// it is a share in (0, 1), else `ceil(total_steps * warmup_ratio)`.
+    pub fn warmup_from(warmup_steps: f64, warmup_ratio: f64, total_steps: usize) -> usize {
+        let share = |ratio: f64| (total_steps as f64 * ratio).ceil() as usize;
         match warmup_steps {
-            0 => (total_steps as f64 * warmup_ratio).ceil() as usize,
-            steps => steps,
+            s if s >= 1.0 => s as usize,
+            s if s > 0.0 => share(s),
+            _ => share(warmup_ratio),
         }
     }
 
