@@ -21,7 +21,7 @@ use crate::distributed::Group;
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
 use crate::strategy::AnyStrategy;
-use crate::{AccelerateError, AcceleratorConfig, Strategy};
+use crate::{AccelerateError, AcceleratorConfig, NonFinitePolicy, Strategy};
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
@@ -409,19 +409,33 @@ impl<B: AutodiffBackend> Accelerator<B> {
             self.last = StepOutcome::Accumulating;
             return Ok(model);
         }
-        let want_norm = self.config.max_grad_norm.is_some();
+        let guard = self.config.nonfinite_gradients;
+        let want_norm = self.config.max_grad_norm.is_some() || guard != NonFinitePolicy::Apply;
         self.reduce_pending(&model)?;
         let summary = self.unscale_pending(&model, want_norm)?;
         let mut grads = self.pending.take().unwrap_or_default();
-        // Only fp16 skips steps (the precision is the same on every rank, so every rank
-        // takes this branch or none: no collective on the other modes' steps).
-        let skip = match self.scaler.is_some() {
-            true => {
-                let overflow = summary.is_some_and(|s| !s.is_finite());
-                self.strategy.agree_on_skip(overflow, &self.device)?
-            }
+        // fp16 and the non-finite guard skip steps (the config is the same on every rank, so
+        // every rank takes this branch or none; the strategy makes the ranks agree).
+        let overflow = summary.is_some_and(|s| !s.is_finite());
+        let skip = match self.scaler.is_some() || guard != NonFinitePolicy::Apply {
+            true => self.strategy.agree_on_skip(overflow, &self.device)?,
             false => false,
         };
+        if skip && self.scaler.is_none() {
+            let norm = summary.map_or(f64::NAN, |s| s.norm());
+            self.end_cycle();
+            if guard == NonFinitePolicy::Error {
+                return Err(AccelerateError::NonFinite(format!(
+                    "step {}: the gradients hold inf/NaN (global norm {norm}); nothing was \
+                     applied (nonfinite_gradients = \"error\"; \"skip\" skips such steps)",
+                    self.counters.optimizer_steps + 1
+                )));
+            }
+            self.counters.skipped_steps += 1;
+            self.last = StepOutcome::SkippedNonFinite { grad_norm: norm };
+            tracing::warn!(grad_norm = norm, "non-finite gradients: step skipped");
+            return Ok(model);
+        }
         if let Some(scaler) = &mut self.scaler
             && skip
         {

@@ -54,6 +54,52 @@ pub struct AcceleratorConfig {
     pub diloco: DiLoCoConfig,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
+    /// What a step whose gradients hold inf or NaN does outside fp16 (whose loss scaler always
+    /// skips and backs off): "skip" (default: parameters, optimizer state and LR schedule
+    /// untouched, counted in `skipped_steps`), "error" (the step fails with
+    /// `NonFinite`, nothing applied) or "apply" (PyTorch's fp32 behaviour: no check, no
+    /// cost, the update poisons the weights). Under "skip" and "error", `save_state` also
+    /// refuses a model with non-finite parameters.
+    pub nonfinite_gradients: NonFinitePolicy,
+}
+
+/// What a step with inf/NaN gradients does (see [`AcceleratorConfig::nonfinite_gradients`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+pub enum NonFinitePolicy {
+    /// Skip the step and count it.
+    #[default]
+    Skip,
+    /// Fail the step.
+    Error,
+    /// Apply it (no check).
+    Apply,
+}
+
+impl fmt::Display for NonFinitePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Skip => "skip",
+            Self::Error => "error",
+            Self::Apply => "apply",
+        })
+    }
+}
+
+impl FromStr for NonFinitePolicy {
+    type Err = AccelerateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "skip" => Ok(Self::Skip),
+            "error" => Ok(Self::Error),
+            "apply" => Ok(Self::Apply),
+            _ => Err(AccelerateError::invalid(
+                "nonfinite_gradients",
+                s,
+                "one of: skip, error, apply",
+            )),
+        }
+    }
 }
 
 /// How training is spread over devices.
@@ -137,6 +183,7 @@ impl Default for AcceleratorConfig {
             local_sgd: LocalSgdConfig::default(),
             diloco: DiLoCoConfig::default(),
             collective_timeout_s: 300.0,
+            nonfinite_gradients: NonFinitePolicy::Skip,
         }
     }
 }

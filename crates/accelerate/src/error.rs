@@ -36,6 +36,10 @@ pub enum AccelerateError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Gradients or parameters hold inf/NaN where the `nonfinite_gradients` policy refuses
+    /// them (a step under "error", a save of a poisoned model).
+    #[error("{0}")]
+    NonFinite(String),
     /// A call made in the wrong order (e.g. `step` before any `backward`, `save_state` in the
     /// middle of an accumulation cycle).
     #[error("{0}")]

@@ -50,7 +50,7 @@ pub use afterburner_parallel::{
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::Precision;
-pub use config::{AcceleratorConfig, Strategy};
+pub use config::{AcceleratorConfig, NonFinitePolicy, Strategy};
 pub use distributed::Group;
 pub use error::AccelerateError;
 pub use parts::{StateParts, Stateful};

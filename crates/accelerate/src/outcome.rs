@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 pub struct Counters {
     /// Optimizer steps taken.
     pub optimizer_steps: u64,
-    /// Steps skipped because the fp16 gradients overflowed.
+    /// Steps skipped because the gradients held inf/NaN (fp16 overflow, or the
+    /// `nonfinite_gradients = "skip"` guard).
     pub skipped_steps: u64,
     /// Micro-batches passed through `backward`.
     pub micro_batches: u64,
@@ -32,5 +33,11 @@ pub enum StepOutcome {
     SkippedOverflow {
         /// The loss scale after backing off.
         loss_scale: f64,
+    },
+    /// Gradients held inf/NaN outside fp16 (`nonfinite_gradients = "skip"`): parameters,
+    /// optimizer and LR scheduler untouched.
+    SkippedNonFinite {
+        /// The global gradient norm that was found (inf or NaN).
+        grad_norm: f64,
     },
 }

@@ -7,6 +7,7 @@
 //! Loading is two-phase: every part is decoded and checked first ("staged"); only when all of
 //! them succeeded on every rank is anything replaced ("committed").
 
+mod checks;
 mod slots;
 
 use std::any::Any;
@@ -219,6 +220,11 @@ pub(crate) trait Slot<B: AutodiffBackend> {
 
     /// Whether this is a model part (staged first).
     fn is_model(&self) -> bool {
+        false
+    }
+
+    /// Whether a model part holds an inf/NaN parameter (on this rank).
+    fn has_nonfinite(&self) -> bool {
         false
     }
 

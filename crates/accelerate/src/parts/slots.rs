@@ -13,6 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::checks::{has_nonfinite, load_checked};
 use super::{Mode, Part, Slot, StateParts, Stateful};
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
@@ -81,7 +82,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
     ) -> Result<(), AccelerateError> {
         let record = decode_record::<B, M::Record>(bytes, &acc.device, path)?;
         let template = self.staged.take().unwrap_or_else(|| self.model.clone());
-        self.staged = Some(template.load_record(record));
+        self.staged = Some(load_checked(&template, record)?);
         Ok(())
     }
 
@@ -101,6 +102,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
 
     fn model(&self) -> Option<&dyn Any> {
         Some(&*self.model)
+    }
+
+    fn has_nonfinite(&self) -> bool {
+        has_nonfinite(&*self.model)
     }
 
     fn staged_model(&self) -> Option<&dyn Any> {

@@ -1,0 +1,105 @@
+//! Checks on a model part before it is saved or loaded: no inf/NaN parameter is saved, and a
+//! loaded record has the model's structure and every parameter's shape.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, ElementConversion, Tensor};
+
+use crate::AccelerateError;
+
+/// Whether any float parameter of `model` holds inf or NaN (one reduction and one host
+/// read for the whole model).
+pub(super) fn has_nonfinite<B: Backend, M: Module<B>>(model: &M) -> bool {
+    struct AbsSum<B: Backend>(Option<Tensor<B, 1>>);
+    impl<B: Backend> ModuleVisitor<B> for AbsSum<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let sum = param.val().detach().cast(DType::F32).abs().sum();
+            self.0 = Some(match self.0.take() {
+                Some(total) => total + sum,
+                None => sum,
+            });
+        }
+    }
+    let mut total = AbsSum::<B>(None);
+    model.visit(&mut total);
+    total
+        .0
+        .is_some_and(|t| !t.into_scalar().elem::<f64>().is_finite())
+}
+
+/// Every float parameter's dotted path and shape, in visit order.
+fn shapes<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, Vec<usize>)> {
+    struct Shapes {
+        path: Vec<String>,
+        found: Vec<(String, Vec<usize>)>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Shapes {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let shape = param.val().dims().to_vec();
+            self.found.push((self.path.join("."), shape));
+        }
+    }
+    let mut visitor = Shapes {
+        path: Vec::new(),
+        found: Vec::new(),
+    };
+    model.visit(&mut visitor);
+    visitor.found
+}
+
+/// `template` with `record` loaded, after checking the record has its structure and every
+/// parameter its shape; an error lists each mismatch (path, saved shape, model shape) and
+/// leaves `template` as it was.
+pub(super) fn load_checked<B: AutodiffBackend, M: AutodiffModule<B>>(
+    template: &M,
+    record: M::Record,
+) -> Result<M, AccelerateError> {
+    // Burn asserts (panics) when a list of layers has another length.
+    let loaded =
+        catch_unwind(AssertUnwindSafe(|| template.clone().load_record(record))).map_err(|_| {
+            AccelerateError::InvalidPart {
+                part: String::new(),
+                reason: "the saved model has another structure than this one (a list of layers of \
+                     another length?); nothing was loaded"
+                    .into(),
+            }
+        })?;
+    let (want, got) = (shapes(template), shapes(&loaded));
+    let mut mismatches: Vec<String> = want
+        .iter()
+        .zip(&got)
+        .filter(|(w, g)| w.1 != g.1)
+        .map(|(w, g)| format!("{}: saved {:?}, model {:?}", w.0, g.1, w.1))
+        .collect();
+    if want.len() != got.len() {
+        mismatches.push(format!(
+            "{} parameters saved, {} in the model",
+            got.len(),
+            want.len()
+        ));
+    }
+    const SHOWN: usize = 8;
+    if mismatches.len() > SHOWN {
+        let more = mismatches.len() - SHOWN;
+        mismatches.truncate(SHOWN);
+        mismatches.push(format!("and {more} more"));
+    }
+    match mismatches.is_empty() {
+        true => Ok(loaded),
+        false => Err(AccelerateError::InvalidPart {
+            part: String::new(),
+            reason: format!(
+                "the saved parameters do not fit this model; nothing was loaded: {}",
+                mismatches.join("; ")
+            ),
+        }),
+    }
+}
