@@ -410,13 +410,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
             return Ok(model);
         }
         let guard = self.config.nonfinite_gradients;
-        let want_norm = self.config.max_grad_norm.is_some() || guard != NonFinitePolicy::Apply;
+        let want_norm = self.config.max_grad_norm.is_some();
         self.reduce_pending(&model)?;
         let summary = self.unscale_pending(&model, want_norm)?;
-        let mut grads = self.pending.take().unwrap_or_default();
         // fp16 and the non-finite guard skip steps (the config is the same on every rank, so
         // every rank takes this branch or none; the strategy makes the ranks agree).
-        let overflow = summary.is_some_and(|s| !s.is_finite());
+        let overflow = match summary {
+            Some(summary) => !summary.is_finite(),
+            None if guard != NonFinitePolicy::Apply => !self.pending_all_finite(&model)?,
+            None => false,
+        };
+        let mut grads = self.pending.take().unwrap_or_default();
         let skip = match self.scaler.is_some() || guard != NonFinitePolicy::Apply {
             true => self.strategy.agree_on_skip(overflow, &self.device)?,
             false => false,
@@ -468,6 +472,23 @@ impl<B: AutodiffBackend> Accelerator<B> {
         };
         self.end_cycle();
         Ok(model)
+    }
+
+    /// Whether every pending gradient is finite, on every rank that holds a part of them
+    /// (the non-finite guard's check when no norm is computed anyway).
+    fn pending_all_finite<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+    ) -> Result<bool, AccelerateError> {
+        let Some(grads) = self.pending.as_mut() else {
+            return Ok(true);
+        };
+        let local = match grads::all_finite::<B, M>(model, grads) {
+            true => 0.0,
+            false => f64::NAN,
+        };
+        let global = self.strategy.global_squared_norm(local, &self.device)?;
+        Ok(global.is_finite())
     }
 
     /// Clears the cycle and re-seeds the backend RNG for the next one, from (seed, cycle).

@@ -55,14 +55,28 @@ pub enum AccelerateError {
     /// A sharded state was saved at another world size.
     #[error("{0}")]
     WrongWorldSize(String),
-    /// `save_state` refuses to replace a directory that is not an afterburner state.
+    /// `save_state` refuses to replace a directory that is not an afterburner state (no
+    /// manifest of ours, or files the manifest does not list).
     #[error(
-        "refusing to replace {dir}: it exists and is not an afterburner state directory \
-         (nothing was written)"
+        "refusing to replace {dir}: it exists and is not an afterburner state directory, or \
+         holds files afterburner did not write (nothing was written or deleted)"
     )]
     NotAStateDir {
         /// The directory.
         dir: PathBuf,
+    },
+    /// `save_state` refuses to replace a symbolic link (it would replace the link, not the
+    /// state it points to).
+    #[error(
+        "refusing to replace {dir}: it is a symbolic link (to {}); save to the directory it \
+         points to (nothing was written)",
+        target.display()
+    )]
+    StateDirIsLink {
+        /// The link.
+        dir: PathBuf,
+        /// Where it points.
+        target: PathBuf,
     },
     /// The state lacks a part that was asked for.
     #[error("the state at {dir} has no part '{part}' (it holds: {})", saved.join(", "))]

@@ -11,7 +11,7 @@ use burn::tensor::{ElementConversion, Tensor};
 
 use crate::parts::StateParts;
 use crate::state::AcceleratorState;
-use crate::state_files::{MANIFEST, write_atomically};
+use crate::state_files::{MANIFEST, is_our_state_dir, write_atomically};
 use crate::{AccelerateError, Accelerator};
 
 /// Directory name prefix of one rank's part of a sharded state.
@@ -64,21 +64,30 @@ impl<B: AutodiffBackend> Accelerator<B> {
         ))
     }
 
-    /// Errors unless `dir` is absent or holds only rank directories.
+    /// Errors unless `dir` is absent, or a real directory holding only rank directories
+    /// afterburner wrote (and hidden entries, e.g. a save's temporary siblings, left alone).
     fn check_sharded_target(&self, dir: &Path) -> Result<(), AccelerateError> {
-        if dir.join(MANIFEST).is_file() {
-            return Err(AccelerateError::NotAStateDir {
+        let Ok(meta) = fs::symlink_metadata(dir) else {
+            return Ok(());
+        };
+        let foreign = || AccelerateError::NotAStateDir {
+            dir: dir.to_path_buf(),
+        };
+        if meta.file_type().is_symlink() {
+            return Err(AccelerateError::StateDirIsLink {
                 dir: dir.to_path_buf(),
+                target: fs::read_link(dir).unwrap_or_default(),
             });
         }
-        if let Ok(entries) = fs::read_dir(dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if !(name.starts_with(RANK_PREFIX) || name.starts_with('.')) {
-                    return Err(AccelerateError::NotAStateDir {
-                        dir: dir.to_path_buf(),
-                    });
-                }
+        if !meta.is_dir() || dir.join(MANIFEST).exists() {
+            return Err(foreign());
+        }
+        let entries = fs::read_dir(dir).map_err(|e| AccelerateError::io("reading", dir, e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = is_rank_dir_name(&name) && is_our_state_dir(&entry.path());
+            if !(ours || name.starts_with('.')) {
+                return Err(foreign());
             }
         }
         Ok(())
@@ -153,23 +162,37 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 }
 
-/// After a sharded save, drops rank directories of other world sizes (older saves).
+/// After a sharded save, drops rank directories of other world sizes (older saves): only
+/// directories named and written as afterburner rank states.
 fn remove_other_world_sizes(dir: &Path, world: usize) {
     let current = format!("-of-{world:05}");
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(RANK_PREFIX) && !name.ends_with(&current) {
+            if is_rank_dir_name(&name)
+                && !name.ends_with(&current)
+                && is_our_state_dir(&entry.path())
+            {
                 let _ = fs::remove_dir_all(entry.path());
             }
         }
     }
 }
 
+/// Whether `name` is a rank directory's name, `rank-<5 digits>-of-<5 digits>`.
+fn is_rank_dir_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(RANK_PREFIX) else {
+        return false;
+    };
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    rest.split_once("-of-")
+        .is_some_and(|(rank, world)| digits(rank) && digits(world))
+}
+
 /// Whether `dir` holds a complete afterburner state: a manifest of its own (a replicated or
 /// gathered save) or rank directories with manifests (a sharded one).
 pub(crate) fn is_state_dir(dir: &Path) -> bool {
-    if dir.join(MANIFEST).is_file() {
+    if is_our_state_dir(dir) {
         return true;
     }
     let Ok(entries) = fs::read_dir(dir) else {
@@ -177,7 +200,7 @@ pub(crate) fn is_state_dir(dir: &Path) -> bool {
     };
     let mut ranks = entries
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(RANK_PREFIX))
+        .filter(|e| is_rank_dir_name(&e.file_name().to_string_lossy()))
         .peekable();
-    ranks.peek().is_some() && ranks.all(|e| e.path().join(MANIFEST).is_file())
+    ranks.peek().is_some() && ranks.all(|e| is_our_state_dir(&e.path()))
 }

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
 use crate::parts::{ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file};
-use crate::state_files::{MANIFEST, read_verified, write_atomically};
+use crate::state_files::{MANIFEST, check_replaceable, read_verified, write_atomically};
 use crate::{AccelerateError, Accelerator, NonFinitePolicy};
 
 /// The Accelerator's own part.
@@ -435,12 +435,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// Errors when `dir` exists but is not a state directory (it is never replaced then).
     pub(crate) fn check_save_target(&self, dir: &Path) -> Result<(), AccelerateError> {
-        if dir.exists() && !dir.join(MANIFEST).is_file() {
-            return Err(AccelerateError::NotAStateDir {
-                dir: dir.to_path_buf(),
-            });
-        }
-        Ok(())
+        check_replaceable(dir)
     }
 
     /// Gives the Accelerator the loaded counters, loss scaler, seed and data position.

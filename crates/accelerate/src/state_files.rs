@@ -91,6 +91,49 @@ pub(crate) fn write_atomically(
     result
 }
 
+/// Whether `dir` is a state directory afterburner wrote: a real directory (not a symbolic
+/// link) whose manifest carries our versioned format tag and names every other file in it.
+/// Only such a directory is ever replaced or deleted; a file that merely is called
+/// `manifest.json`, or a user's file put inside a state, makes it foreign.
+pub(crate) fn is_our_state_dir(dir: &Path) -> bool {
+    let real_dir = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+    let Some(manifest) = real_dir
+        .then(|| fs::read(dir.join(MANIFEST)).ok())
+        .flatten()
+        .and_then(|bytes| serde_json::from_slice::<Manifest>(&bytes).ok())
+        .filter(|m| m.format == FORMAT)
+    else {
+        return false;
+    };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().all(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        name == MANIFEST || manifest.files.iter().any(|f| f.name == name)
+    })
+}
+
+/// Errors unless `dir` is absent or a state directory afterburner wrote (see
+/// [`is_our_state_dir`]); a symbolic link is refused, never replaced.
+pub(crate) fn check_replaceable(dir: &Path) -> Result<(), AccelerateError> {
+    let Ok(meta) = fs::symlink_metadata(dir) else {
+        return Ok(());
+    };
+    if meta.file_type().is_symlink() {
+        return Err(AccelerateError::StateDirIsLink {
+            dir: dir.to_path_buf(),
+            target: fs::read_link(dir).unwrap_or_default(),
+        });
+    }
+    match is_our_state_dir(dir) {
+        true => Ok(()),
+        false => Err(AccelerateError::NotAStateDir {
+            dir: dir.to_path_buf(),
+        }),
+    }
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), AccelerateError> {
     let mut file = fs::File::create(path).map_err(|e| AccelerateError::io("creating", path, e))?;
     file.write_all(bytes)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use afterburner::demos::models::VitConfig;
 use afterburner::demos::{ImageBatch, digits};
-use afterburner::{Accelerator, AcceleratorConfig, Precision};
+use afterburner::{Accelerator, AcceleratorConfig, NonFinitePolicy, Precision};
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
@@ -71,13 +71,14 @@ fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::De
 
 fn accelerated<B: AutodiffBackend>(
     o: &Options,
-    precision: Precision,
+    (precision, guard): (Precision, NonFinitePolicy),
     data: &[ImageBatch<B>],
     device: &B::Device,
 ) -> Result<Measured, String> {
     let config = AcceleratorConfig {
         precision,
         seed: 0,
+        nonfinite_gradients: guard,
         ..Default::default()
     };
     let mut acc = Accelerator::<B>::new(config, device.clone()).map_err(|e| e.to_string())?;
@@ -114,11 +115,14 @@ fn accelerated<B: AutodiffBackend>(
 pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
     let device = B::Device::default();
     let data = batches::<B>(o, &device)?;
+    // The default non-finite guard, and 32-true without it ("apply") to show its cost.
+    let skip = NonFinitePolicy::Skip;
     let precisions = [
-        Precision::Full32,
-        Precision::Bf16Mixed,
-        Precision::F16Mixed,
-        Precision::Bf16True,
+        (Precision::Full32, skip),
+        (Precision::Bf16Mixed, skip),
+        (Precision::F16Mixed, skip),
+        (Precision::Bf16True, skip),
+        (Precision::Full32, NonFinitePolicy::Apply),
     ];
     // scenario 0 = plain Burn; 1.. = Accelerator per precision. Best time over rounds.
     let n = precisions.len() + 1;
@@ -134,7 +138,7 @@ pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
                 match accelerated::<B>(o, precisions[s - 1], &data, &device) {
                     Ok(m) => m,
                     Err(e) => {
-                        eprintln!("{}: skipped ({e})", precisions[s - 1]);
+                        eprintln!("{}: skipped ({e})", precisions[s - 1].0);
                         continue;
                     }
                 }
@@ -154,15 +158,16 @@ pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
         .filter_map(|(s, m)| {
             let m = m.as_ref()?;
             Some(Row {
-                scenario: if s == 0 {
-                    "plain Burn loop".into()
-                } else {
-                    "Accelerator".into()
+                scenario: match s {
+                    0 => "plain Burn loop".into(),
+                    _ if precisions[s - 1].1 == NonFinitePolicy::Apply => {
+                        "Accelerator, no non-finite guard".into()
+                    }
+                    _ => "Accelerator".into(),
                 },
-                precision: if s == 0 {
-                    "32-true".into()
-                } else {
-                    precisions[s - 1].to_string()
+                precision: match s {
+                    0 => "32-true".into(),
+                    _ => precisions[s - 1].0.to_string(),
                 },
                 steps_per_s: rate(m),
                 speed_vs_32_true: rate(m) / base,
@@ -194,6 +199,17 @@ fn write_results(o: &Options, rows: &[Row]) -> Result<(), String> {
             md,
             "\nAccelerator overhead at 32-true vs the plain loop: {:+.2}% time per step.",
             (plain.steps_per_s / acc.steps_per_s - 1.0) * 100.0
+        );
+    }
+    if let (Some(guarded), Some(unguarded)) = (
+        rows.get(1),
+        rows.iter().find(|r| r.scenario.contains("guard")),
+    ) {
+        let _ = writeln!(
+            md,
+            "The non-finite guard (a finiteness check of the gradients each step) costs {:+.2}% time per step \
+             at 32-true.",
+            (unguarded.steps_per_s / guarded.steps_per_s - 1.0) * 100.0
         );
     }
     super::write_report(o, "precision", rows, &md)
