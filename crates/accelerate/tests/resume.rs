@@ -171,8 +171,13 @@ fn corrupt_or_truncated_state_is_an_error_and_changes_nothing() {
     assert!(err.contains("checksum"), "{err}");
 
     // Garbage manifest, missing directory.
+    let manifest = std::fs::read(dir.join("manifest.json")).unwrap();
     std::fs::write(dir.join("manifest.json"), b"{not json").unwrap();
     assert!(matches!(load_err(&dir), AccelerateError::Corrupt { .. }));
+    // Without a manifest of ours the directory is not provably a state: never replaced.
+    let refused = run.acc.save_state(&dir, &run.model, &run.optim, &run.lr);
+    assert!(matches!(refused, Err(AccelerateError::NotAStateDir { .. })));
+    std::fs::write(dir.join("manifest.json"), manifest).unwrap();
     assert!(matches!(
         load_err(&root.join("missing")),
         AccelerateError::Io { .. }
@@ -188,7 +193,8 @@ fn corrupt_or_truncated_state_is_an_error_and_changes_nothing() {
     );
     assert_eq!(fresh_run.acc.counters().optimizer_steps, 0);
 
-    // Saving again over the damaged state replaces it atomically and loads fine.
+    // Saving again over the damaged state (a flipped byte) replaces it atomically and loads
+    // fine.
     run.acc
         .save_state(&dir, &run.model, &run.optim, &run.lr)
         .unwrap();
