@@ -17,6 +17,8 @@ pub const CHANNELS: usize = 3;
 /// Number of classes.
 pub const CLASSES: usize = 10;
 const RECORD: usize = 1 + CHANNELS * SIDE * SIDE;
+/// Records in each of CIFAR-10's batch files.
+pub const RECORDS_PER_FILE: usize = 10_000;
 
 /// Which files to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +47,21 @@ pub fn read_file(path: impl AsRef<Path>) -> Result<ImageDataset, AccelerateError
     ImageDataset::new(read_items(path.as_ref())?, [CHANNELS, SIDE, SIDE])
 }
 
+/// One batch file: exactly [`RECORDS_PER_FILE`] records (a file cut between two records
+/// would otherwise load as a smaller data set).
 fn read_items(path: &Path) -> Result<Vec<ImageItem>, AccelerateError> {
     let bytes = std::fs::read(path).map_err(|e| AccelerateError::io("reading", path, e))?;
+    if bytes.len() != RECORDS_PER_FILE * RECORD {
+        return Err(AccelerateError::corrupt(
+            path,
+            format!(
+                "{} bytes ({:.2} records); a CIFAR-10 batch file holds {RECORDS_PER_FILE} \
+                 records of {RECORD} bytes (cut short or another file?)",
+                bytes.len(),
+                bytes.len() as f64 / RECORD as f64
+            ),
+        ));
+    }
     parse(&bytes).map_err(|reason| AccelerateError::corrupt(path, reason))
 }
 
@@ -77,7 +92,6 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<ImageItem>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::data::dataset::Dataset;
 
     /// A record with label `label` whose channel c pixel p is (c * 7 + p) % 256.
     fn record(label: u8) -> Vec<u8> {
@@ -88,15 +102,10 @@ mod tests {
 
     #[test]
     fn reads_records_written_in_the_format() {
-        let dir = std::env::temp_dir().join(format!("ab-cifar-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
         let mut bytes = record(3);
         bytes.extend(record(9));
-        std::fs::write(dir.join("test_batch.bin"), &bytes).unwrap();
-        let data = load(&dir, Split::Test).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(data.len(), 2);
-        let items = data.items();
+        let items = parse(&bytes).unwrap();
+        assert_eq!(items.len(), 2);
         assert_eq!((items[0].label, items[1].label), (3, 9));
         assert_eq!(items[0].pixels.len(), 3072);
         // channel 1 (green), pixel 5: (7 + 5) / 255
@@ -110,5 +119,19 @@ mod tests {
         assert!(parse(&bytes).unwrap_err().contains("whole number"));
         assert!(parse(&record(10)).unwrap_err().contains("label 10"));
         assert!(load("/nonexistent-dir", Split::Train).is_err());
+    }
+
+    /// Issue 11, finding 9: a batch file cut exactly between two records is not a data set.
+    #[test]
+    fn a_file_cut_between_records_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("ab-cifar-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("test_batch.bin"), record(3)).unwrap();
+        let err = load(&dir, Split::Test).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            err.contains("10000 records") && err.contains("test_batch.bin"),
+            "{err}"
+        );
     }
 }
