@@ -50,6 +50,22 @@ pub(crate) struct AcceleratorState {
     data: DataProgress,
 }
 
+impl AcceleratorState {
+    /// Counters a run can produce: every optimizer step, taken or skipped, ends a cycle of at
+    /// least one micro-batch.
+    fn check(&self) -> Result<(), String> {
+        let c = self.counters;
+        match c.optimizer_steps.checked_add(c.skipped_steps) {
+            Some(steps) if steps <= c.micro_batches => Ok(()),
+            _ => Err(format!(
+                "counters cannot come from a run: {} optimizer steps and {} skipped steps from \
+                 {} micro-batches",
+                c.optimizer_steps, c.skipped_steps, c.micro_batches
+            )),
+        }
+    }
+}
+
 /// The parts [`Accelerator::save_state`] and [`Accelerator::load_state`] use.
 fn classic_parts<'a, B, M, O, S>(
     model: &'a mut M,
@@ -357,6 +373,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
             })?;
         let state: AcceleratorState = serde_json::from_slice(&state_bytes)
             .map_err(|e| AccelerateError::corrupt(dir.join(ACCELERATOR_FILE), e))?;
+        state
+            .check()
+            .map_err(|reason| AccelerateError::corrupt(dir.join(ACCELERATOR_FILE), reason))?;
         let saved: Vec<String> = files
             .iter()
             .filter(|(n, _)| n != STRATEGY_FILE)

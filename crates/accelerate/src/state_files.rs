@@ -144,8 +144,7 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), AccelerateError> {
 /// Reads every file named by the manifest and checks its length and CRC-32.
 pub(crate) fn read_verified(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, AccelerateError> {
     let manifest_path = dir.join(MANIFEST);
-    let bytes =
-        fs::read(&manifest_path).map_err(|e| AccelerateError::io("reading", &manifest_path, e))?;
+    let bytes = read_regular(&manifest_path, None, MAX_MANIFEST_BYTES)?;
     let manifest: Manifest =
         serde_json::from_slice(&bytes).map_err(|e| AccelerateError::corrupt(&manifest_path, e))?;
     if manifest.format != FORMAT {
@@ -154,26 +153,83 @@ pub(crate) fn read_verified(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, Accele
             format!("format '{}', expected '{FORMAT}'", manifest.format),
         ));
     }
+    let mut seen = std::collections::HashSet::new();
+    for entry in &manifest.files {
+        if !is_plain_name(&entry.name) || entry.name == MANIFEST {
+            return Err(AccelerateError::corrupt(
+                &manifest_path,
+                format!(
+                    "lists '{}', which is not a plain file name inside the state directory",
+                    entry.name
+                ),
+            ));
+        }
+        if !seen.insert(entry.name.as_str()) {
+            return Err(AccelerateError::corrupt(
+                &manifest_path,
+                format!("lists '{}' twice", entry.name),
+            ));
+        }
+    }
     manifest
         .files
         .into_iter()
         .map(|entry| {
             let path = dir.join(&entry.name);
-            let bytes = fs::read(&path).map_err(|e| AccelerateError::io("reading", &path, e))?;
-            if bytes.len() as u64 != entry.bytes {
-                return Err(AccelerateError::corrupt(
-                    &path,
-                    format!(
-                        "{} bytes, the manifest says {} (truncated?)",
-                        bytes.len(),
-                        entry.bytes
-                    ),
-                ));
-            }
+            let bytes = read_regular(&path, Some(entry.bytes), u64::MAX)?;
             if crc32fast::hash(&bytes) != entry.crc32 {
                 return Err(AccelerateError::corrupt(&path, "checksum mismatch"));
             }
             Ok((entry.name, bytes))
         })
         .collect()
+}
+
+/// The largest manifest read (a real one is a few hundred bytes per part).
+const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
+/// A name with no directory part: not empty, no separator, not `.` or `..`.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && Path::new(name).is_relative()
+}
+
+/// Reads `path` only if it is a regular file (not a link, FIFO, device or directory) whose
+/// size is `expected` (when given) and at most `limit` bytes, checked before reading: a
+/// hostile state cannot make a load hang on a FIFO or read `/dev/zero`.
+fn read_regular(
+    path: &Path,
+    expected: Option<u64>,
+    limit: u64,
+) -> Result<Vec<u8>, AccelerateError> {
+    let meta = fs::symlink_metadata(path).map_err(|e| AccelerateError::io("reading", path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(AccelerateError::corrupt(
+            path,
+            "not a regular file (a link, FIFO, device or directory)",
+        ));
+    }
+    let len = meta.len();
+    if let Some(expected) = expected
+        && len != expected
+    {
+        return Err(AccelerateError::corrupt(
+            path,
+            format!("{len} bytes, the manifest says {expected} (truncated?)"),
+        ));
+    }
+    if len > limit {
+        return Err(AccelerateError::corrupt(
+            path,
+            format!("{len} bytes, more than the {limit} a state file may hold"),
+        ));
+    }
+    let bytes = fs::read(path).map_err(|e| AccelerateError::io("reading", path, e))?;
+    if bytes.len() as u64 != len {
+        return Err(AccelerateError::corrupt(path, "changed while it was read"));
+    }
+    Ok(bytes)
 }
