@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
 use crate::parts::{ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file};
-use crate::state_files::{MANIFEST, check_replaceable, read_verified, write_atomically};
+use crate::state_files::{
+    MANIFEST, check_replaceable, read_verified, recover_moved_aside, write_atomically,
+};
 use crate::{AccelerateError, Accelerator, NonFinitePolicy};
 
 /// The Accelerator's own part.
@@ -249,6 +251,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
         parts.check_names()?;
+        recover_moved_aside(dir);
         let (source, mode, per_rank) = self.state_source(dir)?;
         let read = match per_rank && !source.is_dir() {
             true => Err(self.missing_rank_dir(dir, &source)),

@@ -47,6 +47,8 @@ pub(crate) fn write_atomically(
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(|e| AccelerateError::io("creating", parent, e))?;
     }
+    recover_moved_aside(dir);
+    clean_debris(dir);
     let tmp = unique_sibling(dir, "tmp");
     let result = (|| {
         fs::create_dir(&tmp).map_err(|e| AccelerateError::io("creating", &tmp, e))?;
@@ -80,6 +82,7 @@ pub(crate) fn write_atomically(
             }
             return Err(AccelerateError::io("renaming into place", dir, e));
         }
+        sync_parent(dir);
         if had_old {
             let _ = fs::remove_dir_all(&old);
         }
@@ -89,6 +92,86 @@ pub(crate) fn write_atomically(
         let _ = fs::remove_dir_all(&tmp);
     }
     result
+}
+
+/// A crashed save's leftovers next to `dir` with `tag` ("tmp": a state being written,
+/// "old": the previous state moved aside): directories named `.<name>.<tag>-<pid>-<nanos>`.
+fn debris(dir: &Path, tag: &str) -> Vec<PathBuf> {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return Vec::new();
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let prefix = format!(".{}.{tag}-", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|entry| {
+            let entry_name = entry.file_name().to_string_lossy().into_owned();
+            let ids = entry_name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.split_once('-'));
+            let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            ids.is_some_and(|(pid, nanos)| numeric(pid) && numeric(nanos))
+                && entry.file_type().is_ok_and(|t| t.is_dir())
+        })
+        .map(|entry| entry.path())
+        .collect();
+    found.sort();
+    found
+}
+
+/// After a crash between moving the previous state aside and renaming the new one in, `dir`
+/// is missing and the previous state sits next to it: puts the newest such state back.
+pub(crate) fn recover_moved_aside(dir: &Path) {
+    if fs::symlink_metadata(dir).is_ok() {
+        return;
+    }
+    let newest = debris(dir, "old")
+        .into_iter()
+        .filter(|old| is_our_state_dir(old))
+        .max_by_key(|old| {
+            old.to_string_lossy()
+                .rsplit('-')
+                .next()
+                .and_then(|n| n.parse::<u128>().ok())
+        });
+    if let Some(old) = newest
+        && fs::rename(&old, dir).is_ok()
+    {
+        tracing::warn!(state = %dir.display(), "recovered the state a crashed save had moved aside");
+        sync_parent(dir);
+    }
+}
+
+/// Removes a crashed save's leftovers next to `dir`: its temporary directories, and previous
+/// states moved aside once `dir` itself is in place (only directories afterburner names so).
+fn clean_debris(dir: &Path) {
+    for tmp in debris(dir, "tmp") {
+        let _ = fs::remove_dir_all(tmp);
+    }
+    if is_our_state_dir(dir) {
+        for old in debris(dir, "old")
+            .into_iter()
+            .filter(|old| is_our_state_dir(old))
+        {
+            let _ = fs::remove_dir_all(old);
+        }
+    }
+}
+
+/// Makes the renames in `dir`'s parent durable (a no-op where directories cannot be synced).
+fn sync_parent(dir: &Path) {
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty())
+        && let Ok(handle) = fs::File::open(parent)
+    {
+        let _ = handle.sync_all();
+    }
 }
 
 /// Whether `dir` is a state directory afterburner wrote: a real directory (not a symbolic
@@ -143,6 +226,7 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), AccelerateError> {
 
 /// Reads every file named by the manifest and checks its length and CRC-32.
 pub(crate) fn read_verified(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, AccelerateError> {
+    recover_moved_aside(dir);
     let manifest_path = dir.join(MANIFEST);
     let bytes = read_regular(&manifest_path, None, MAX_MANIFEST_BYTES)?;
     let manifest: Manifest =
