@@ -152,17 +152,34 @@ pub(crate) fn recover_moved_aside(dir: &Path) {
 /// Removes a crashed save's leftovers next to `dir`: its temporary directories, and previous
 /// states moved aside once `dir` itself is in place (only directories afterburner names so).
 fn clean_debris(dir: &Path) {
-    for tmp in debris(dir, "tmp") {
+    for tmp in debris(dir, "tmp")
+        .into_iter()
+        .filter(|d| holds_only_state_files(d))
+    {
         let _ = fs::remove_dir_all(tmp);
     }
     if is_our_state_dir(dir) {
+        // A previous state whose deletion was itself cut short has lost files (its manifest
+        // too, maybe): what is left is still only state files.
         for old in debris(dir, "old")
             .into_iter()
-            .filter(|old| is_our_state_dir(old))
+            .filter(|d| holds_only_state_files(d))
         {
             let _ = fs::remove_dir_all(old);
         }
     }
+}
+
+/// Whether `dir` holds nothing but regular files named like a state's (`*.mpk`, `*.json`).
+fn holds_only_state_files(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().all(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        entry.file_type().is_ok_and(|t| t.is_file())
+            && (name.ends_with(".mpk") || name.ends_with(".json"))
+    })
 }
 
 /// Makes the renames in `dir`'s parent durable (a no-op where directories cannot be synced).

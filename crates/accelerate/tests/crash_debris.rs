@@ -80,3 +80,67 @@ fn a_state_moved_aside_by_a_crash_is_recovered_on_load() {
     assert_eq!(names(&root), vec!["state"]);
     std::fs::remove_dir_all(root).ok();
 }
+
+/// Where the child process of the fault-injection test saves.
+const CHILD_DIR: &str = "AFTERBURNER_KILL_TEST_DIR";
+
+/// The child of [`saves_killed_at_random_points_leave_a_loadable_state`]: saves two models in
+/// turn, forever, until it is killed. Does nothing when run on its own.
+#[test]
+#[ignore = "run by the fault-injection test as a child process"]
+fn child_saves_forever() {
+    let Some(dir) = std::env::var_os(CHILD_DIR) else {
+        return;
+    };
+    let models = [vit(1), vit(2)];
+    let acc = Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
+    let optim = SgdConfig::new().init::<B, Vit<B>>();
+    for i in 0.. {
+        acc.save_state(&dir, &models[i % 2], &optim, &0.1).unwrap();
+    }
+}
+
+/// A process killed with SIGKILL at 25 random points of its saves: after each kill the state
+/// loads, as one of the two complete saves, and leftovers never grow past one save's.
+#[cfg(unix)]
+#[test]
+fn saves_killed_at_random_points_leave_a_loadable_state() {
+    let _rng = rng_lock();
+    let root = root("kill");
+    let state = root.join("state");
+    save(&state, 1);
+    let complete = [flatten(&params(&vit(1))), flatten(&params(&vit(2)))];
+    let exe = std::env::current_exe().unwrap();
+    let mut draw = 0x9E37_79B9_7F4A_7C15u64;
+    for round in 0..25 {
+        let mut child = std::process::Command::new(&exe)
+            .args([
+                "child_saves_forever",
+                "--exact",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(CHILD_DIR, &state)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        draw ^= draw << 13;
+        draw ^= draw >> 7;
+        draw ^= draw << 17;
+        std::thread::sleep(std::time::Duration::from_millis(150 + draw % 450));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let loaded = load(&state).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let got = flatten(&params(&loaded));
+        assert!(
+            complete.contains(&got),
+            "round {round}: a state no save wrote"
+        );
+        let leftovers = names(&root).iter().filter(|n| n.starts_with('.')).count();
+        assert!(leftovers <= 2, "round {round}: {:?}", names(&root));
+    }
+    save(&state, 1);
+    assert_eq!(names(&root), vec!["state"]);
+    std::fs::remove_dir_all(root).ok();
+}
