@@ -179,9 +179,13 @@ fn collect<R>(
         .collect()
 }
 
+/// The most worker threads [`local_devices`] puts on a backend's single device.
+pub const MAX_SHARED_WORKERS: usize = 256;
+
 /// `n` devices of backend `B` for [`launch`], like Lightning's `devices=n`: devices `0..n` of
 /// the default device's kind (e.g. the first `n` GPUs). On a backend with a single device (the
-/// CPU) the `n` workers share it. Errors when `n` is 0 or more than the backend has.
+/// CPU) the `n` workers share it, at most [`MAX_SHARED_WORKERS`]. Errors when `n` is 0 or more
+/// than the backend has.
 pub fn local_devices<B: Backend>(n: usize) -> Result<Vec<B::Device>, ParallelError> {
     let invalid = |value: String| ParallelError::InvalidConfig {
         field: "devices",
@@ -195,6 +199,13 @@ pub fn local_devices<B: Backend>(n: usize) -> Result<Vec<B::Device>, ParallelErr
     let id = first.to_id();
     let available = B::device_count(id.type_id);
     if available <= 1 {
+        // Workers sharing one device are threads: bound them (a typo of 10^6 would otherwise
+        // start a million threads).
+        if n > MAX_SHARED_WORKERS {
+            return Err(invalid(format!(
+                "{n} (workers sharing this backend's single device: at most {MAX_SHARED_WORKERS})"
+            )));
+        }
         return Ok(vec![first; n]);
     }
     if n > available {
@@ -203,4 +214,18 @@ pub fn local_devices<B: Backend>(n: usize) -> Result<Vec<B::Device>, ParallelErr
     Ok((0..n)
         .map(|index| B::Device::from_id(DeviceId::new(id.type_id, index as u16)))
         .collect())
+}
+
+#[cfg(test)]
+mod device_count_tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    #[test]
+    fn workers_on_one_device_are_bounded() {
+        assert_eq!(local_devices::<Flex>(4).unwrap().len(), 4);
+        let err = local_devices::<Flex>(1_000_000).unwrap_err().to_string();
+        assert!(err.contains("devices") && err.contains("256"), "{err}");
+        assert!(local_devices::<Flex>(0).is_err());
+    }
 }
