@@ -27,7 +27,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::accelerator::Counters;
 use crate::data::DataProgress;
-use crate::parts::{ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file};
+use crate::parts::{
+    ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file, refuse_nonfinite_models,
+};
 use crate::state_files::{
     MANIFEST, check_replaceable, read_verified, recover_moved_aside, write_atomically,
 };
@@ -156,7 +158,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let dir = dir.as_ref();
         parts.check_names()?;
         self.check_not_mid_cycle()?;
-        let finite = self.check_finite_models(dir, parts);
+        let finite = match self.config.nonfinite_gradients {
+            NonFinitePolicy::Apply => Ok(()),
+            _ => refuse_nonfinite_models(dir, parts),
+        };
         self.all_ranks_succeeded(&finite, "save_state")?;
         finite?;
         match self.strategy.state_layout() {
@@ -186,33 +191,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 self.all_ranks_succeeded(&written, "save_state")?;
                 written
             }
-        }
-    }
-
-    /// Under the `nonfinite_gradients` guard, an error naming every model part that holds an
-    /// inf/NaN parameter: saving it would replace the last good state with a poisoned one.
-    fn check_finite_models(
-        &self,
-        dir: &Path,
-        parts: &StateParts<'_, B>,
-    ) -> Result<(), AccelerateError> {
-        if self.config.nonfinite_gradients == NonFinitePolicy::Apply {
-            return Ok(());
-        }
-        let poisoned: Vec<&str> = parts
-            .parts
-            .iter()
-            .filter(|(_, slot)| slot.has_nonfinite())
-            .map(|(name, _)| name.as_str())
-            .collect();
-        match poisoned.is_empty() {
-            true => Ok(()),
-            false => Err(AccelerateError::NonFinite(format!(
-                "save_state to {}: model part(s) {} hold inf/NaN parameters; nothing was written \
-                 and the state there is kept (nonfinite_gradients = \"apply\" saves anyway)",
-                dir.display(),
-                poisoned.join(", ")
-            ))),
         }
     }
 

@@ -2,12 +2,37 @@
 //! loaded record has the model's structure and every parameter's shape.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Tensor};
 
+use super::StateParts;
 use crate::AccelerateError;
+
+/// An error naming every model part of `parts` that holds an inf/NaN parameter on this rank:
+/// saving it would replace the last good state with a poisoned one.
+pub(crate) fn refuse_nonfinite_models<B: AutodiffBackend>(
+    dir: &Path,
+    parts: &StateParts<'_, B>,
+) -> Result<(), AccelerateError> {
+    let poisoned: Vec<&str> = parts
+        .parts
+        .iter()
+        .filter(|(_, slot)| slot.has_nonfinite())
+        .map(|(name, _)| name.as_str())
+        .collect();
+    match poisoned.is_empty() {
+        true => Ok(()),
+        false => Err(AccelerateError::NonFinite(format!(
+            "save_state to {}: model part(s) {} hold inf/NaN parameters; nothing was written \
+             and the state there is kept (nonfinite_gradients = \"apply\" saves anyway)",
+            dir.display(),
+            poisoned.join(", ")
+        ))),
+    }
+}
 
 /// Whether any float parameter of `model` holds inf or NaN (one reduction and one host
 /// read for the whole model).

@@ -10,6 +10,8 @@
 mod checks;
 mod slots;
 
+pub(crate) use checks::refuse_nonfinite_models;
+
 use std::any::Any;
 use std::path::Path;
 

@@ -31,6 +31,7 @@
 mod args;
 mod callbacks;
 mod checkpoints;
+mod choices;
 mod cli;
 mod metrics;
 mod output;
@@ -50,13 +51,12 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::train::InferenceStep;
 use burn::train::metric::{Adaptor, LossInput};
 
-pub use args::{
-    IntervalStrategy, LossNormalization, SchedulerType, TrainingArguments, UnknownValue,
-};
+pub use args::TrainingArguments;
 pub use callbacks::{EarlyStopping, Flow, TrainerCallback};
 pub use checkpoints::{
     checkpoint_dir, checkpoints_to_delete, list_checkpoints, resolve_checkpoint,
 };
+pub use choices::{IntervalStrategy, LossNormalization, SchedulerType, UnknownValue};
 pub use metrics::{EvalMetric, MetricSet};
 pub use schedule::HfSchedule;
 pub use state::{LogEntry, Metrics, TrainSummary, TrainerState};

@@ -14,8 +14,8 @@ use super::EvalMetric;
 use super::checkpoints::{checkpoint_dir, checkpoints_to_delete, list_checkpoints};
 use super::metrics::metadata;
 use super::{
-    EvalModel, Flow, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss,
-    TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
+    EvalModel, Flow, HfSchedule, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics,
+    TrainLoss, TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
 use crate::{AccelerateError, StateParts, StepOutcome};
@@ -367,11 +367,7 @@ where
             self.state.best_model_checkpoint = Some(dir.clone());
         }
         let model = self.model.as_mut().ok_or_else(lost_model)?;
-        let parts = StateParts::new()
-            .model("model", model)
-            .optimizer::<M, _>("optimizer", &mut self.optim)
-            .scheduler("scheduler", &mut self.schedule)
-            .serde("trainer_state", &mut self.state);
+        let parts = checkpoint_parts(model, &mut self.optim, &mut self.schedule, &mut self.state);
         self.acc.save_parts(&dir, &parts)?;
         drop(parts);
         if let Some(limit) = self.args.save_total_limit
@@ -394,11 +390,8 @@ where
     /// Restores model, optimizer, schedule, trainer state and the Accelerator's state.
     fn load_checkpoint(&mut self, dir: &std::path::Path) -> Result<(), AccelerateError> {
         let model = self.model.as_mut().ok_or_else(lost_model)?;
-        let mut parts = StateParts::new()
-            .model("model", model)
-            .optimizer::<M, _>("optimizer", &mut self.optim)
-            .scheduler("scheduler", &mut self.schedule)
-            .serde("trainer_state", &mut self.state);
+        let mut parts =
+            checkpoint_parts(model, &mut self.optim, &mut self.schedule, &mut self.state);
         self.acc.load_parts(dir, &mut parts)
     }
 
@@ -408,11 +401,7 @@ where
         let mut schedule = self.schedule.clone();
         let mut state = TrainerState::default();
         let model = self.model.as_mut().ok_or_else(lost_model)?;
-        let mut parts = StateParts::new()
-            .model("model", model)
-            .optimizer::<M, _>("optimizer", &mut optim)
-            .scheduler("scheduler", &mut schedule)
-            .serde("trainer_state", &mut state);
+        let mut parts = checkpoint_parts(model, &mut optim, &mut schedule, &mut state);
         self.acc.load_parts(dir, &mut parts)
     }
 
@@ -458,6 +447,25 @@ where
         data.to_vec::<f64>()
             .map_err(|e| AccelerateError::Usage(format!("reading a reduced metric: {e:?}")))
     }
+}
+
+/// The parts of a Trainer checkpoint, in their saved order.
+fn checkpoint_parts<'a, B, M, O>(
+    model: &'a mut M,
+    optim: &'a mut O,
+    schedule: &'a mut HfSchedule,
+    state: &'a mut TrainerState,
+) -> StateParts<'a, B>
+where
+    B: AutodiffBackend,
+    M: burn::module::AutodiffModule<B> + 'static,
+    O: burn::optim::Optimizer<M, B>,
+{
+    StateParts::new()
+        .model("model", model)
+        .optimizer::<M, _>("optimizer", optim)
+        .scheduler("scheduler", schedule)
+        .serde("trainer_state", state)
 }
 
 /// Steps between two events of an interval `every` (below 1: a share of `total`).
