@@ -8,6 +8,7 @@ use afterburner::demos::digits;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
+use burn::optim::SgdConfig;
 use common::*;
 
 fn config(strategy: Strategy) -> AcceleratorConfig {
@@ -75,6 +76,34 @@ fn a_failing_worker_fails_the_launch_and_strategies_are_checked() {
     assert!(err.to_string().contains("strategy"), "{err}");
     let err = "fsdpp".parse::<Strategy>().unwrap_err().to_string();
     assert!(err.contains("fsdpp") && err.contains("ddp"), "{err}");
+}
+
+#[test]
+fn a_rank_that_finishes_early_fails_the_others_rather_than_halving_their_updates() {
+    let _rng = rng_lock();
+    let initial = vit(5);
+    let err = Accelerator::<B>::launch(
+        config(Strategy::Ddp),
+        vec![Default::default(); 2],
+        move |mut acc| {
+            let (mut model, mut optim) = acc.setup(initial.clone(), SgdConfig::new().init())?;
+            let loader = acc.dataloader(digits::load()?.take(96), BATCHER, 8)?;
+            // Rank 1 stops after one optimizer step (2 micro-batches); rank 0 goes on.
+            let micro_batches = if acc.rank() == 1 { 2 } else { usize::MAX };
+            for batch in loader.epoch(0).take(micro_batches) {
+                let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+                acc.backward(cross_entropy(logits, &batch), &model)?;
+                model = acc.step(model, &mut optim, &mut 0.5)?;
+            }
+            Ok(acc.counters().optimizer_steps)
+        },
+    )
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("rank 1") && message.contains("returned"),
+        "rank 0 must fail naming rank 1, not train alone: {message}"
+    );
 }
 
 #[test]

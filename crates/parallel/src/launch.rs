@@ -37,7 +37,8 @@ const WATCHDOG_PERIOD: Duration = Duration::from_millis(20);
 ///
 /// If a worker returns an error or panics, the others' collectives fail at once with
 /// [`ParallelError::PeerFailed`] (their pending calls are unblocked), and `launch` returns
-/// that error; a collective that waits longer than `config.timeout` fails the same way with
+/// that error. The group's ranks are fixed: a worker that returns successfully while another
+/// still calls a collective fails that collective the same way (never a smaller group); a collective that waits longer than `config.timeout` fails the same way with
 /// [`ParallelError::Timeout`]. Never a hang: after a failure `launch` waits at most
 /// `config.timeout` for the workers to return.
 ///
@@ -115,6 +116,7 @@ where
     let outcome = catch_unwind(AssertUnwindSafe(|| worker(group)));
     let failure = match outcome {
         Ok(Ok(value)) => {
+            health.returned(rank);
             if health.failure().is_none() {
                 let _ = burn_collective::finish_collective::<B>(peer);
             }

@@ -10,20 +10,32 @@ use burn_collective::{CollectiveError, PeerId, ReduceOperation};
 
 use crate::{ParallelError, ProcessGroup, ReduceOp};
 
-/// What the workers of one launch share: the first failure, and which collective each rank is
-/// waiting in (for the watchdog).
+/// What the workers of one launch share: the first failure, and where each rank is (for the
+/// watchdog and for fixed membership).
 pub(crate) struct Health {
     failure: Mutex<Option<ParallelError>>,
-    in_flight: Mutex<Vec<Option<(Instant, &'static str)>>>,
+    ranks: Mutex<Vec<RankState>>,
     /// Unblocks every rank waiting in a collective (burn-collective's reset).
     reset: fn(),
+}
+
+/// Where one rank is, as far as the group is concerned.
+#[derive(Debug, Clone, Copy, Default)]
+struct RankState {
+    /// Collectives it has entered (every rank calls the same ones in the same order, so the
+    /// n-th call of one rank meets the n-th call of every other).
+    calls: u64,
+    /// The collective it waits in, and since when.
+    waiting: Option<(Instant, &'static str)>,
+    /// Its worker returned successfully: it enters no more collectives.
+    returned: bool,
 }
 
 impl Health {
     pub(crate) fn new(world_size: usize, reset: fn()) -> Self {
         Self {
             failure: Mutex::new(None),
-            in_flight: Mutex::new(vec![None; world_size]),
+            ranks: Mutex::new(vec![RankState::default(); world_size]),
             reset,
         }
     }
@@ -49,29 +61,66 @@ impl Health {
             .clone()
     }
 
-    fn set_in_flight(&self, rank: usize, op: Option<&'static str>) {
-        let mut in_flight = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        in_flight[rank] = op.map(|op| (Instant::now(), op));
+    fn ranks(&self) -> std::sync::MutexGuard<'_, Vec<RankState>> {
+        self.ranks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks `rank` as entering collective `op`, unless a rank that returned will never make
+    /// the matching call: then the collective fails (the group never goes on with fewer ranks).
+    fn enter(&self, rank: usize, op: &'static str) -> Result<(), ParallelError> {
+        let gone = {
+            let mut ranks = self.ranks();
+            let call = ranks[rank].calls;
+            match ranks.iter().position(|r| r.returned && r.calls <= call) {
+                Some(gone) => gone,
+                None => {
+                    ranks[rank].calls += 1;
+                    ranks[rank].waiting = Some((Instant::now(), op));
+                    return Ok(());
+                }
+            }
+        };
+        let error = returned_early(gone, rank, op);
+        self.fail(error.clone());
+        Err(self.failure().unwrap_or(error))
+    }
+
+    /// Marks `rank` as back in its own code.
+    fn leave(&self, rank: usize) {
+        self.ranks()[rank].waiting = None;
+    }
+
+    /// Marks `rank`'s worker as returned. If another rank waits in a collective this rank never
+    /// called, that collective cannot complete with the full group: the launch fails (naming
+    /// `rank`) rather than letting burn-collective finish it with fewer ranks.
+    pub(crate) fn returned(&self, rank: usize) {
+        let stranded = {
+            let mut ranks = self.ranks();
+            ranks[rank].returned = true;
+            let calls = ranks[rank].calls;
+            ranks
+                .iter()
+                .enumerate()
+                .find_map(|(other, r)| match r.waiting {
+                    Some((_, op)) if r.calls > calls => Some((other, op)),
+                    _ => None,
+                })
+        };
+        if let Some((other, op)) = stranded {
+            self.fail(returned_early(rank, other, op));
+        }
     }
 
     /// Fails the launch if a rank has waited in a collective longer than `timeout`.
     pub(crate) fn check_timeouts(&self, timeout: Duration) {
-        let overdue = {
-            let in_flight = self
-                .in_flight
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            in_flight
-                .iter()
-                .enumerate()
-                .find_map(|(rank, op)| match op {
-                    Some((since, op)) if since.elapsed() > timeout => Some((rank, *op)),
-                    _ => None,
-                })
-        };
+        let overdue = self
+            .ranks()
+            .iter()
+            .enumerate()
+            .find_map(|(rank, state)| match state.waiting {
+                Some((since, op)) if since.elapsed() > timeout => Some((rank, op)),
+                _ => None,
+            });
         if let Some((rank, op)) = overdue {
             self.fail(ParallelError::Timeout {
                 op,
@@ -79,6 +128,17 @@ impl Health {
                 seconds: timeout.as_secs_f64(),
             });
         }
+    }
+}
+
+/// The error when rank `gone` returned while rank `waiting` needed it in collective `op`.
+fn returned_early(gone: usize, waiting: usize, op: &'static str) -> ParallelError {
+    ParallelError::PeerFailed {
+        rank: gone,
+        reason: format!(
+            "its worker returned while rank {waiting} still called {op} (every rank must call \
+             the same collectives; the group never continues with fewer ranks)"
+        ),
     }
 }
 
@@ -110,8 +170,8 @@ impl<B: Backend> LocalGroup<B> {
         &self.device
     }
 
-    /// Runs one collective: refuses if the group already failed, marks it for the watchdog,
-    /// and turns an engine error into the group's failure when there is one.
+    /// Runs one collective: refuses if the group already failed or lost a rank, marks it for the
+    /// watchdog, and turns an engine error into the group's failure when there is one.
     fn run<T>(
         &self,
         op: &'static str,
@@ -120,9 +180,9 @@ impl<B: Backend> LocalGroup<B> {
         if let Some(failure) = self.health.failure() {
             return Err(failure);
         }
-        self.health.set_in_flight(self.rank, Some(op));
+        self.health.enter(self.rank, op)?;
         let result = call();
-        self.health.set_in_flight(self.rank, None);
+        self.health.leave(self.rank);
         result.map_err(|e| {
             self.health.failure().unwrap_or(ParallelError::Collective {
                 op,

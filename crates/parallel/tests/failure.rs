@@ -21,6 +21,7 @@ fn run(how: &'static str, timeout: Duration) -> (Result<Vec<String>, ParallelErr
                     match how {
                         "error" => return Err("data file missing".to_string()),
                         "panic" => panic!("out of memory (simulated)"),
+                        "return" => return Ok("left early".into()),
                         _ => std::thread::sleep(Duration::from_secs(4)), // hangs, then leaves
                     }
                     return Ok("left".into());
@@ -50,6 +51,17 @@ fn an_error_a_panic_or_a_hang_stops_every_rank() {
     let err = result.unwrap_err();
     assert!(
         matches!(&err, ParallelError::PeerFailed { rank: 1, reason } if reason.contains("out of memory")),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+
+    // Rank 1 returns successfully at step 2: the group never goes on with rank 0 alone (its
+    // all-reduces would complete with one rank and divide by the wrong count).
+    let (result, took) = run("return", Duration::from_secs(30));
+    let err = result.unwrap_err();
+    assert!(
+        matches!(&err, ParallelError::PeerFailed { rank: 1, reason }
+            if reason.contains("returned") && reason.contains("rank 0")),
         "{err}"
     );
     assert!(took < Duration::from_secs(10), "took {took:?}");
