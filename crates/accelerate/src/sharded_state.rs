@@ -1,6 +1,7 @@
 //! Sharded states (`zero-1`, sharded `fsdp`): every rank saves and loads its own complete state
 //! directory, `dir/rank-<r>-of-<n>`, and the ranks agree on every outcome, so none goes on
-//! alone after a failure.
+//! alone after a failure. A save is a two-phase commit: all parts are staged, then `dir` is
+//! replaced as a whole.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,29 +12,65 @@ use burn::tensor::{ElementConversion, Tensor};
 
 use crate::parts::StateParts;
 use crate::state::AcceleratorState;
-use crate::state_files::{MANIFEST, is_our_state_dir, write_atomically};
+use crate::state_files::{
+    MANIFEST, holds_only_state_files, is_our_state_dir, new_staging_dir, swap_into_place,
+    write_state_files,
+};
 use crate::{AccelerateError, Accelerator};
 
 /// Directory name prefix of one rank's part of a sharded state.
 const RANK_PREFIX: &str = "rank-";
 
 impl<B: AutodiffBackend> Accelerator<B> {
-    /// Every rank writes its part; the call fails on every rank if it failed on any.
+    /// Saves a sharded state by a two-phase commit: rank 0 creates a staging directory next
+    /// to `dir`; every rank writes its part into it; the ranks vote; only if every part is
+    /// written does rank 0 swap the staging directory in place of `dir` (one rename). A
+    /// failure on any rank at any point leaves the previous state complete, and every rank
+    /// returns an error. The ranks must share the file system holding `dir`.
     pub(crate) fn save_rank_part(
         &self,
         dir: &Path,
         parts: &StateParts<'_, B>,
     ) -> Result<(), AccelerateError> {
-        let written = self.check_sharded_target(dir).and_then(|()| {
-            let mine = self.rank_dir(dir);
-            self.check_save_target(&mine)?;
-            write_atomically(&mine, &self.encode_parts(parts, |_| true)?)
+        let staging = self.agree_on_staging_dir(dir)?;
+        let mine = staging.join(self.rank_dir_name());
+        let staged = self.encode_parts(parts, |_| true).and_then(|files| {
+            fs::create_dir(&mine).map_err(|e| AccelerateError::io("creating", &mine, e))?;
+            write_state_files(&mine, &files)
         });
-        self.all_ranks_succeeded(&written, "save_state")?;
-        if self.is_main_process() {
-            remove_other_world_sizes(dir, self.world_size());
+        let voted = self.all_ranks_succeeded(&staged, "save_state");
+        let committed = voted
+            .and(staged)
+            .and_then(|()| match self.is_main_process() {
+                true => swap_into_place(&staging, dir),
+                false => Ok(()),
+            });
+        if committed.is_err() && self.is_main_process() {
+            // Every rank has voted, so none is still writing in it.
+            let _ = fs::remove_dir_all(&staging);
         }
-        written
+        // A rank that failed already returned its error with the others' vote; the commit
+        // outcome still reaches every rank.
+        self.all_ranks_succeeded(&committed, "save_state")?;
+        committed
+    }
+
+    /// Rank 0 checks `dir` and creates the staging directory of a sharded save; every rank
+    /// learns its path (or rank 0's error).
+    fn agree_on_staging_dir(&self, dir: &Path) -> Result<PathBuf, AccelerateError> {
+        let created = match self.is_main_process() {
+            true => self
+                .check_sharded_target(dir)
+                .and_then(|()| new_staging_dir(dir)),
+            false => Ok(PathBuf::new()),
+        };
+        self.all_ranks_succeeded(&created, "save_state")?;
+        let created = created?;
+        let name = created
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        let name = self.broadcast_text(name.as_deref())?;
+        Ok(dir.with_file_name(name))
     }
 
     /// Errors unless the ranks' parts come from one save: a save that failed on some rank
@@ -57,15 +94,45 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
     /// This rank's directory of a sharded state.
     pub(crate) fn rank_dir(&self, dir: &Path) -> PathBuf {
-        dir.join(format!(
+        dir.join(self.rank_dir_name())
+    }
+
+    /// The name of this rank's directory in a sharded state, `rank-<r>-of-<n>`.
+    fn rank_dir_name(&self) -> String {
+        format!(
             "{RANK_PREFIX}{:05}-of-{:05}",
             self.rank(),
             self.world_size()
-        ))
+        )
+    }
+
+    /// Rank 0's `text` (`Some` there, ignored elsewhere) on every rank: its length, then its
+    /// bytes, by two broadcasts.
+    fn broadcast_text(&self, text: Option<&str>) -> Result<String, AccelerateError> {
+        let Some(group) = self.strategy.group() else {
+            return Ok(text.unwrap_or_default().to_string());
+        };
+        let root = self.is_main_process();
+        let mine = text.unwrap_or_default().as_bytes();
+        let device = &self.device;
+        let len = root.then(|| Tensor::from_floats([mine.len() as f32], device));
+        let len = group.broadcast(len, 0)?.into_scalar().elem::<f32>() as usize;
+        let bytes: Vec<f32> = mine.iter().map(|b| f32::from(*b)).collect();
+        let bytes = root.then(|| Tensor::from_floats(bytes.as_slice(), device));
+        let bytes = group.broadcast(bytes, 0)?.into_data().to_vec::<f32>();
+        let bytes: Vec<u8> = bytes.unwrap_or_default().iter().map(|b| *b as u8).collect();
+        match bytes.len() == len {
+            true => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            false => Err(AccelerateError::RanksDisagree(format!(
+                "a broadcast of {len} bytes arrived as {}",
+                bytes.len()
+            ))),
+        }
     }
 
     /// Errors unless `dir` is absent, or a real directory holding only rank directories
-    /// afterburner wrote (and hidden entries, e.g. a save's temporary siblings, left alone).
+    /// afterburner wrote (and an older version's leftovers, `.rank-*` directories of state
+    /// files): the whole directory is replaced, so it must hold nothing of the user's.
     fn check_sharded_target(&self, dir: &Path) -> Result<(), AccelerateError> {
         let Ok(meta) = fs::symlink_metadata(dir) else {
             return Ok(());
@@ -85,8 +152,15 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let entries = fs::read_dir(dir).map_err(|e| AccelerateError::io("reading", dir, e))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let ours = is_rank_dir_name(&name) && is_our_state_dir(&entry.path());
-            if !(ours || name.starts_with('.')) {
+            let ours = match name.strip_prefix('.') {
+                None => is_rank_dir_name(&name) && is_our_state_dir(&entry.path()),
+                Some(hidden) => {
+                    hidden.starts_with(RANK_PREFIX)
+                        && entry.file_type().is_ok_and(|t| t.is_dir())
+                        && holds_only_state_files(&entry.path())
+                }
+            };
+            if !ours {
                 return Err(foreign());
             }
         }
@@ -162,25 +236,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 }
 
-/// After a sharded save, drops rank directories of other world sizes (older saves): only
-/// directories named and written as afterburner rank states.
-fn remove_other_world_sizes(dir: &Path, world: usize) {
-    let current = format!("-of-{world:05}");
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_rank_dir_name(&name)
-                && !name.ends_with(&current)
-                && is_our_state_dir(&entry.path())
-            {
-                let _ = fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-}
-
 /// Whether `name` is a rank directory's name, `rank-<5 digits>-of-<5 digits>`.
-fn is_rank_dir_name(name: &str) -> bool {
+pub(crate) fn is_rank_dir_name(name: &str) -> bool {
     let Some(rest) = name.strip_prefix(RANK_PREFIX) else {
         return false;
     };

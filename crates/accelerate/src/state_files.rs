@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::AccelerateError;
+use crate::sharded_state::{is_rank_dir_name, is_state_dir};
 
 const FORMAT: &str = "afterburner-state-v1";
 /// Written last; a directory holding it is a state directory.
@@ -40,58 +41,80 @@ fn unique_sibling(dir: &Path, tag: &str) -> PathBuf {
     dir.with_file_name(format!(".{name}.{tag}-{}-{nanos}", std::process::id()))
 }
 
+/// Writes `files` as the state directory `dir`, atomically: into a temporary sibling, then
+/// swapped into place ([`swap_into_place`]). A crashed save's leftovers next to `dir` are
+/// cleaned first.
 pub(crate) fn write_atomically(
     dir: &Path,
     files: &[(String, Vec<u8>)],
 ) -> Result<(), AccelerateError> {
+    let tmp = new_staging_dir(dir)?;
+    let result = write_state_files(&tmp, files).and_then(|()| swap_into_place(&tmp, dir));
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+/// Creates `dir`'s parent, recovers or cleans what a crashed save left next to `dir`, and
+/// creates an empty temporary sibling (`.<name>.tmp-<pid>-<nanos>`) to write the new state in.
+pub(crate) fn new_staging_dir(dir: &Path) -> Result<PathBuf, AccelerateError> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(|e| AccelerateError::io("creating", parent, e))?;
     }
     recover_moved_aside(dir);
     clean_debris(dir);
     let tmp = unique_sibling(dir, "tmp");
-    let result = (|| {
-        fs::create_dir(&tmp).map_err(|e| AccelerateError::io("creating", &tmp, e))?;
-        let mut entries = Vec::new();
-        for (name, bytes) in files {
-            write_synced(&tmp.join(name), bytes)?;
-            entries.push(FileEntry {
-                name: name.clone(),
-                bytes: bytes.len() as u64,
-                crc32: crc32fast::hash(bytes),
-            });
-        }
-        let manifest = Manifest {
-            format: FORMAT.to_string(),
-            files: entries,
-        };
-        let json =
-            serde_json::to_vec_pretty(&manifest).map_err(|e| AccelerateError::InvalidPart {
-                part: MANIFEST.into(),
-                reason: e.to_string(),
-            })?;
-        write_synced(&tmp.join(MANIFEST), &json)?;
-        let old = unique_sibling(dir, "old");
-        let had_old = dir.exists();
-        if had_old {
-            fs::rename(dir, &old).map_err(|e| AccelerateError::io("moving aside", dir, e))?;
-        }
-        if let Err(e) = fs::rename(&tmp, dir) {
-            if had_old {
-                let _ = fs::rename(&old, dir);
-            }
-            return Err(AccelerateError::io("renaming into place", dir, e));
-        }
-        sync_parent(dir);
-        if had_old {
-            let _ = fs::remove_dir_all(&old);
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir(&tmp).map_err(|e| AccelerateError::io("creating", &tmp, e))?;
+    Ok(tmp)
+}
+
+/// Writes `files` and their manifest (last) into the existing empty directory `dir`, each
+/// file fsynced.
+pub(crate) fn write_state_files(
+    dir: &Path,
+    files: &[(String, Vec<u8>)],
+) -> Result<(), AccelerateError> {
+    let mut entries = Vec::new();
+    for (name, bytes) in files {
+        write_synced(&dir.join(name), bytes)?;
+        entries.push(FileEntry {
+            name: name.clone(),
+            bytes: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        });
     }
-    result
+    let manifest = Manifest {
+        format: FORMAT.to_string(),
+        files: entries,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| AccelerateError::InvalidPart {
+        part: MANIFEST.into(),
+        reason: e.to_string(),
+    })?;
+    write_synced(&dir.join(MANIFEST), &json)
+}
+
+/// Replaces `dir` (absent or a state) by the complete state `tmp`: the previous state is moved
+/// aside, `tmp` renamed in, the parent fsynced, then the previous state deleted. A crash at any
+/// point leaves either state complete ([`recover_moved_aside`] puts back one moved aside).
+pub(crate) fn swap_into_place(tmp: &Path, dir: &Path) -> Result<(), AccelerateError> {
+    let old = unique_sibling(dir, "old");
+    let had_old = dir.exists();
+    if had_old {
+        fs::rename(dir, &old).map_err(|e| AccelerateError::io("moving aside", dir, e))?;
+    }
+    if let Err(e) = fs::rename(tmp, dir) {
+        if had_old {
+            let _ = fs::rename(&old, dir);
+        }
+        return Err(AccelerateError::io("renaming into place", dir, e));
+    }
+    sync_parent(dir);
+    if had_old {
+        let _ = fs::remove_dir_all(&old);
+    }
+    Ok(())
 }
 
 /// A crashed save's leftovers next to `dir` with `tag` ("tmp": a state being written,
@@ -134,7 +157,7 @@ pub(crate) fn recover_moved_aside(dir: &Path) {
     }
     let newest = debris(dir, "old")
         .into_iter()
-        .filter(|old| is_our_state_dir(old))
+        .filter(|old| is_state_dir(old))
         .max_by_key(|old| {
             old.to_string_lossy()
                 .rsplit('-')
@@ -158,7 +181,7 @@ fn clean_debris(dir: &Path) {
     {
         let _ = fs::remove_dir_all(tmp);
     }
-    if is_our_state_dir(dir) {
+    if is_state_dir(dir) {
         // A previous state whose deletion was itself cut short has lost files (its manifest
         // too, maybe): what is left is still only state files.
         for old in debris(dir, "old")
@@ -170,15 +193,29 @@ fn clean_debris(dir: &Path) {
     }
 }
 
-/// Whether `dir` holds nothing but regular files named like a state's (`*.mpk`, `*.json`).
-fn holds_only_state_files(dir: &Path) -> bool {
+/// Whether `dir` holds nothing but regular files named like a state's (`*.mpk`, `*.json`),
+/// or nothing but rank directories of a sharded state holding only such files.
+pub(crate) fn holds_only_state_files(dir: &Path) -> bool {
+    only_state_entries(dir, true)
+}
+
+fn only_state_entries(dir: &Path, rank_dirs_allowed: bool) -> bool {
     let Ok(entries) = fs::read_dir(dir) else {
         return false;
     };
     entries.flatten().all(|entry| {
         let name = entry.file_name().to_string_lossy().into_owned();
-        entry.file_type().is_ok_and(|t| t.is_file())
-            && (name.ends_with(".mpk") || name.ends_with(".json"))
+        let Ok(kind) = entry.file_type() else {
+            return false;
+        };
+        match kind.is_dir() {
+            true => {
+                rank_dirs_allowed
+                    && is_rank_dir_name(&name)
+                    && only_state_entries(&entry.path(), false)
+            }
+            false => kind.is_file() && (name.ends_with(".mpk") || name.ends_with(".json")),
+        }
     })
 }
 
