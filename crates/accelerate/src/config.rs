@@ -61,6 +61,31 @@ pub struct AcceleratorConfig {
     /// cost, the update poisons the weights). Under "skip" and "error", `save_state` also
     /// refuses a model with non-finite parameters.
     pub nonfinite_gradients: NonFinitePolicy,
+    /// Where [`save_checkpoint`](crate::Accelerator::save_checkpoint) writes numbered states
+    /// and how many it keeps, the `[project]` table (Accelerate's `ProjectConfiguration`).
+    pub project: ProjectConfig,
+}
+
+/// Numbered, rotated saves (see [`AcceleratorConfig::project`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProjectConfig {
+    /// The project directory: checkpoints go to `<dir>/checkpoints/checkpoint_<n>`.
+    /// Default: none (`save_checkpoint` then errors).
+    pub dir: Option<std::path::PathBuf>,
+    /// How many checkpoints to keep, newest first (Accelerate's `total_limit`): older ones are
+    /// deleted once a new one is completely written. Default 2, so a complete previous state
+    /// always survives the newest (a damaged newest one falls back to it on load).
+    pub keep_last: usize,
+}
+
+impl Default for ProjectConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            keep_last: 2,
+        }
+    }
 }
 
 /// What a step with inf/NaN gradients does (see [`AcceleratorConfig::nonfinite_gradients`]).
@@ -184,6 +209,7 @@ impl Default for AcceleratorConfig {
             diloco: DiLoCoConfig::default(),
             collective_timeout_s: 300.0,
             nonfinite_gradients: NonFinitePolicy::Skip,
+            project: ProjectConfig::default(),
         }
     }
 }
@@ -223,6 +249,13 @@ impl AcceleratorConfig {
                 "collective_timeout_s",
                 self.collective_timeout_s,
                 "a number of seconds > 0 and at most 604800 (one week)",
+            ));
+        }
+        if self.project.keep_last == 0 {
+            return Err(AccelerateError::invalid(
+                "project.keep_last",
+                0,
+                "at least 1 checkpoint (2 or more keep a complete previous one)",
             ));
         }
         self.grad_scaler.validate()?;

@@ -32,6 +32,7 @@ mod distributed;
 mod error;
 mod outcome;
 mod parts;
+mod rotation;
 mod sharded_state;
 mod state;
 mod state_files;
@@ -50,7 +51,7 @@ pub use afterburner_parallel::{
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::Precision;
-pub use config::{AcceleratorConfig, NonFinitePolicy, Strategy};
+pub use config::{AcceleratorConfig, NonFinitePolicy, ProjectConfig, Strategy};
 pub use distributed::Group;
 pub use error::AccelerateError;
 pub use parts::{StateParts, Stateful};

@@ -29,7 +29,8 @@ struct FileEntry {
     crc32: u32,
 }
 
-fn unique_sibling(dir: &Path, tag: &str) -> PathBuf {
+/// A new hidden sibling of `dir` for a save: `.<name>.<tag>-<pid>-<nanos>`.
+pub(crate) fn unique_sibling(dir: &Path, tag: &str) -> PathBuf {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())

@@ -1,0 +1,145 @@
+//! Numbered, rotated saves (Accelerate's `automatic_checkpoint_naming` with `total_limit`):
+//! `save_checkpoint` writes `<project.dir>/checkpoints/checkpoint_<n>` and keeps the newest
+//! `project.keep_last`; `load_checkpoint` loads the newest that loads.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::sharded_state::is_state_dir;
+use crate::state_files::{holds_only_state_files, unique_sibling};
+use crate::{AccelerateError, Accelerator, StateParts};
+
+/// A checkpoint directory's name prefix.
+const PREFIX: &str = "checkpoint_";
+
+impl<B: AutodiffBackend> Accelerator<B> {
+    /// Saves `parts` like [`save_parts`](Self::save_parts) to the next numbered directory,
+    /// `<project.dir>/checkpoints/checkpoint_<n>` (n from 0, one more than the highest there),
+    /// then deletes the oldest checkpoints beyond `project.keep_last`: only once the new one
+    /// is complete, and only directories afterburner wrote. Returns the new checkpoint's path.
+    /// Every rank calls it.
+    pub fn save_checkpoint(&self, parts: &StateParts<'_, B>) -> Result<PathBuf, AccelerateError> {
+        let root = self.checkpoints_dir()?;
+        let next = numbered(&root)
+            .iter()
+            .map(|(n, _)| n + 1)
+            .max()
+            .unwrap_or(0);
+        if !self.same_on_every_rank(&[next as f64])? {
+            return Err(AccelerateError::RanksDisagree(format!(
+                "save_checkpoint: the ranks see different checkpoints in {} (a shared file \
+                 system is needed)",
+                root.display()
+            )));
+        }
+        let dir = root.join(format!("{PREFIX}{next}"));
+        self.save_parts(&dir, parts)?;
+        if self.is_main_process() {
+            rotate(&root, self.config.project.keep_last);
+        }
+        Ok(dir)
+    }
+
+    /// Loads the newest checkpoint of `<project.dir>/checkpoints` into `parts` (like
+    /// [`load_parts`](Self::load_parts)) and returns its path; `None` when there is none (a
+    /// fresh start). A checkpoint that does not load (damaged, cut short) is skipped with a
+    /// warning for the next older one; if none loads, the newest one's error is returned.
+    /// Every rank calls it.
+    pub fn load_checkpoint(
+        &mut self,
+        parts: &mut StateParts<'_, B>,
+    ) -> Result<Option<PathBuf>, AccelerateError> {
+        let root = self.checkpoints_dir()?;
+        let mut found: Vec<(u64, PathBuf)> = numbered(&root)
+            .into_iter()
+            .filter(|(_, dir)| is_state_dir(dir))
+            .collect();
+        found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+        let newest = found.first().map_or(-1.0, |(n, _)| *n as f64);
+        if !self.same_on_every_rank(&[found.len() as f64, newest])? {
+            return Err(AccelerateError::RanksDisagree(format!(
+                "load_checkpoint: the ranks see different checkpoints in {}",
+                root.display()
+            )));
+        }
+        let mut first_error = None;
+        for (_, dir) in found {
+            match self.load_parts(&dir, parts) {
+                Ok(()) => return Ok(Some(dir)),
+                Err(e) => {
+                    tracing::warn!(checkpoint = %dir.display(), error = %e, "checkpoint does not load; trying the previous one");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    /// `<project.dir>/checkpoints`, or the error naming the missing setting.
+    fn checkpoints_dir(&self) -> Result<PathBuf, AccelerateError> {
+        match &self.config.project.dir {
+            Some(dir) => Ok(dir.join("checkpoints")),
+            None => Err(AccelerateError::Usage(
+                "save_checkpoint / load_checkpoint need the project directory: set \
+                 `project.dir` in the AcceleratorConfig ([project] dir = \"...\")"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// Every entry of `root` named `checkpoint_<n>`, with its number.
+fn numbered(root: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = fs::read_dir(root) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let digits = name.strip_prefix(PREFIX)?;
+            let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+            let n = digits.parse::<u64>().ok().filter(|_| plain)?;
+            Some((n, entry.path()))
+        })
+        .collect()
+}
+
+/// Deletes the checkpoints afterburner wrote in `root` beyond the newest `keep`. Each is first
+/// renamed aside (`.checkpoint_<n>.old-…`), so a crash mid-delete never leaves a numbered
+/// directory that looks like a damaged checkpoint; such leftovers are swept here too.
+fn rotate(root: &Path, keep: usize) {
+    let mut ours: Vec<(u64, PathBuf)> = numbered(root)
+        .into_iter()
+        .filter(|(_, dir)| is_state_dir(dir))
+        .collect();
+    ours.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    for (_, dir) in ours.into_iter().skip(keep) {
+        let aside = unique_sibling(&dir, "old");
+        if fs::rename(&dir, &aside).is_ok() {
+            let _ = fs::remove_dir_all(&aside);
+        }
+    }
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let deleted_checkpoint = name
+            .strip_prefix('.')
+            .and_then(|rest| rest.strip_prefix(PREFIX))
+            .and_then(|rest| rest.split_once(".old-"))
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if deleted_checkpoint
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+            && holds_only_state_files(&entry.path())
+        {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
