@@ -97,6 +97,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .into());
         }
         afterburner_checkpoint::enable::<B>();
+        if config.stop_on_signal {
+            crate::stop::install()?;
+        }
         B::seed(&device, config.seed);
         afterburner_checkpoint::seed_blocks(derive_seed(config.seed, BLOCK_SEED_DOMAIN, 0));
         tracing::info!(

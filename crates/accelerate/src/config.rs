@@ -64,6 +64,11 @@ pub struct AcceleratorConfig {
     /// Where [`save_checkpoint`](crate::Accelerator::save_checkpoint) writes numbered states
     /// and how many it keeps, the `[project]` table (Accelerate's `ProjectConfiguration`).
     pub project: ProjectConfig,
+    /// Opt-in graceful stop: a SIGTERM or SIGINT no longer kills the process but makes
+    /// [`Accelerator::stop_requested`](crate::Accelerator::stop_requested) true (on every
+    /// rank at the same step), so the loop can save and exit; a second signal exits at once.
+    /// The Trainer saves a checkpoint and returns `Stopped`. Default false.
+    pub stop_on_signal: bool,
 }
 
 /// Numbered, rotated saves (see [`AcceleratorConfig::project`]).
@@ -210,6 +215,7 @@ impl Default for AcceleratorConfig {
             collective_timeout_s: 300.0,
             nonfinite_gradients: NonFinitePolicy::Skip,
             project: ProjectConfig::default(),
+            stop_on_signal: false,
         }
     }
 }

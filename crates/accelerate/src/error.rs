@@ -142,6 +142,15 @@ pub enum AccelerateError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Training stopped early because a stop was requested (`stop_on_signal` and a SIGTERM
+    /// or SIGINT); the Trainer saved a checkpoint first.
+    #[error("training stopped by a signal at step {step}{}", saved_to(.saved))]
+    Stopped {
+        /// The last optimizer step taken.
+        step: u64,
+        /// The checkpoint saved before stopping, if any.
+        saved: Option<PathBuf>,
+    },
     /// A saved state or data file is damaged, truncated or of another format.
     #[error("corrupt {path}: {reason}")]
     Corrupt {
@@ -150,6 +159,14 @@ pub enum AccelerateError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+/// ", state saved to <dir>" for [`AccelerateError::Stopped`].
+fn saved_to(saved: &Option<PathBuf>) -> String {
+    saved
+        .as_ref()
+        .map(|dir| format!(", state saved to {} (resume from it)", dir.display()))
+        .unwrap_or_default()
 }
 
 impl AccelerateError {

@@ -36,6 +36,7 @@ mod rotation;
 mod sharded_state;
 mod state;
 mod state_files;
+mod stop;
 mod strategy;
 pub mod trainer;
 pub mod weights;

@@ -225,7 +225,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 
     /// How many ranks pass `yes` (one small all-reduce; this rank's vote on one device).
-    fn ranks_voting_yes(&self, yes: bool) -> Result<usize, AccelerateError> {
+    pub(crate) fn ranks_voting_yes(&self, yes: bool) -> Result<usize, AccelerateError> {
         let Some(group) = self.strategy.group() else {
             return Ok(usize::from(yes));
         };

@@ -113,14 +113,14 @@ impl Health {
 
     /// Fails the launch if a rank has waited in a collective longer than `timeout`.
     pub(crate) fn check_timeouts(&self, timeout: Duration) {
-        let overdue = self
-            .ranks()
-            .iter()
-            .enumerate()
-            .find_map(|(rank, state)| match state.waiting {
-                Some((since, op)) if since.elapsed() > timeout => Some((rank, op)),
-                _ => None,
-            });
+        let overdue =
+            self.ranks()
+                .iter()
+                .enumerate()
+                .find_map(|(rank, state)| match state.waiting {
+                    Some((since, op)) if since.elapsed() > timeout => Some((rank, op)),
+                    _ => None,
+                });
         if let Some((rank, op)) = overdue {
             self.fail(ParallelError::Timeout {
                 op,

@@ -113,6 +113,10 @@ pub struct TrainingArguments {
     pub strategy: Strategy,
     /// Devices (worker threads) to train on. Default 1.
     pub devices: usize,
+    /// Graceful stop (afterburner's): on SIGTERM or SIGINT the Trainer finishes its optimizer
+    /// step, saves a checkpoint and returns `Stopped` (a non-zero exit for a program that
+    /// returns the error); resume with `resume_from_checkpoint = "latest"`. Default false.
+    pub stop_on_signal: bool,
     /// Continue from a checkpoint: a `checkpoint-<step>` directory, or "latest" for the
     /// newest one in `output_dir`. Default: start afresh.
     pub resume_from_checkpoint: Option<String>,
@@ -164,6 +168,7 @@ impl Default for TrainingArguments {
             disable_tqdm: false,
             strategy: Strategy::SingleDevice,
             devices: 1,
+            stop_on_signal: false,
             resume_from_checkpoint: None,
             early_stopping_patience: None,
             early_stopping_threshold: 0.0,
@@ -249,6 +254,7 @@ impl TrainingArguments {
             gradient_checkpointing: self.gradient_checkpointing,
             strategy: self.strategy,
             devices: self.devices,
+            stop_on_signal: self.stop_on_signal,
             ..AcceleratorConfig::default()
         }
     }

@@ -100,6 +100,9 @@ where
                 self.state.epoch = epoch as f64 + (skip + i + 1) as f64 / batches as f64;
                 let items = (self.state.batches_total - first_batch) * items_per_batch;
                 let flow = self.events(At::StepEnd, items)?;
+                if self.acc.stop_requested()? {
+                    return Err(self.stop_on_signal());
+                }
                 stopped_early |= flow == Flow::Stop;
                 if flow == Flow::Stop || self.state.global_step >= self.state.max_steps {
                     done = true;
@@ -356,6 +359,24 @@ where
         }
         self.record(metrics.clone())?;
         Ok(metrics)
+    }
+
+    /// The error ending a run stopped by a signal, after saving a checkpoint (unless this
+    /// step's was just written).
+    fn stop_on_signal(&mut self) -> AccelerateError {
+        let step = self.state.global_step;
+        let dir = checkpoint_dir(&self.args.output_dir, step);
+        let saved = match crate::sharded_state::is_state_dir(&dir) {
+            true => Ok(dir),
+            false => self.save(),
+        };
+        match saved {
+            Ok(dir) => AccelerateError::Stopped {
+                step,
+                saved: Some(dir),
+            },
+            Err(e) => e,
+        }
     }
 
     /// Saves `checkpoint-<global_step>/` (model, optimizer, schedule, trainer state and the
