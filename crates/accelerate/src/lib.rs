@@ -20,7 +20,13 @@
 //!   `"fsdp"` with [`Accelerator::launch`] trains on one worker thread per device, and with
 //!   `Accelerator::launch_mpi` (feature `mpi`) on one process per device under `mpirun`.
 //!
-//! Local SGD and the Trainer come in their own crates and issues.
+//! - [`localsgd`]: re-export of `afterburner-localsgd`; `strategy = "local-sgd"` or
+//!   `"diloco"` average parameters every K steps instead of gradients every step.
+//! - [`trainer`]: HF's Trainer and TrainingArguments over the Accelerator.
+//! - [`weights`]: pretrained weights from safetensors and PyTorch files.
+//!
+//! Saves are atomic (all ranks or none), rotated with `save_checkpoint` (`[project]`
+//! `keep_last`), and a run can stop gracefully on SIGTERM (`stop_on_signal`).
 
 #![warn(missing_docs)]
 
