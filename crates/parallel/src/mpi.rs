@@ -20,6 +20,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
 use mpi::{Count, Threading};
 
+use crate::group::all_gather_by_broadcasts;
 use crate::{LaunchConfig, ParallelError, ProcessGroup, ReduceOp};
 
 /// `mpirun` flags for a job on one machine: allowed as root, more ranks than cores, TCP on the
@@ -51,7 +52,13 @@ pub struct MpiGroup<B: Backend> {
     size: usize,
     device: B::Device,
     watchdog: Arc<Watchdog>,
+    /// The most elements one MPI call moves: MPI counts are 32-bit, so longer buffers go in
+    /// pieces of at most this many.
+    max_count: usize,
 }
+
+/// The largest element count of one MPI call (MPI's `int` count).
+const MAX_MPI_COUNT: usize = i32::MAX as usize;
 
 /// The collective in flight, if any, and since when.
 struct Watchdog {
@@ -126,6 +133,14 @@ fn host(tensor: Tensor<impl Backend, 1>) -> Vec<f32> {
 }
 
 impl<B: Backend> MpiGroup<B> {
+    /// Moves at most `max_count` elements per MPI call (at least 1), so a test can exercise
+    /// the pieces a buffer over 2^31 values is sent in.
+    #[cfg(feature = "testing")]
+    pub fn with_max_count(mut self, max_count: usize) -> Self {
+        self.max_count = max_count.clamp(1, MAX_MPI_COUNT);
+        self
+    }
+
     /// The device this rank's tensors live on.
     pub fn device(&self) -> &B::Device {
         &self.device
@@ -147,6 +162,21 @@ impl<B: Backend> MpiGroup<B> {
             sum.iter_mut().for_each(|v| *v /= n);
         }
         self.tensor(sum, dtype)
+    }
+
+    /// The element-wise sum over ranks of `mine` (same length everywhere), in pieces of at
+    /// most `max_count` elements.
+    fn summed(&self, op: &'static str, mine: &[f32]) -> Vec<f32> {
+        let mut sum = vec![0f32; mine.len()];
+        for (piece, out) in mine
+            .chunks(self.max_count)
+            .zip(sum.chunks_mut(self.max_count))
+        {
+            self.watchdog.during(op, || {
+                world().all_reduce_into(piece, out, SystemOperation::sum())
+            });
+        }
+        sum
     }
 
     fn tensor(&self, values: Vec<f32>, dtype: DType) -> Tensor<B, 1> {
@@ -192,11 +222,7 @@ impl<B: Backend> ProcessGroup<B> for MpiGroup<B> {
         let dtype = tensor.dtype();
         let mine = host(tensor);
         self.same_length("all_reduce", mine.len())?;
-        let mut sum = vec![0f32; mine.len()];
-        self.watchdog.during("all_reduce", || {
-            world().all_reduce_into(&mine[..], &mut sum[..], SystemOperation::sum())
-        });
-        Ok(self.reduced(sum, op, dtype))
+        Ok(self.reduced(self.summed("all_reduce", &mine), op, dtype))
     }
 
     fn broadcast(
@@ -222,18 +248,25 @@ impl<B: Backend> ProcessGroup<B> for MpiGroup<B> {
         self.watchdog
             .during("broadcast", || from.broadcast_into(&mut header[..]));
         values.resize(header[0] as usize, 0.0);
-        self.watchdog
-            .during("broadcast", || from.broadcast_into(&mut values[..]));
+        for piece in values.chunks_mut(self.max_count) {
+            self.watchdog
+                .during("broadcast", || from.broadcast_into(&mut piece[..]));
+        }
         Ok(self.tensor(values, dtype_from_code(header[1])))
     }
 
     fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
         let dtype = tensor.dtype();
         let mine = host(tensor);
-        let mut counts = vec![0 as Count; self.size];
+        let mut lengths = vec![0u64; self.size];
         self.watchdog.during("all_gather", || {
-            world().all_gather_into(&(mine.len() as Count), &mut counts[..])
+            world().all_gather_into(&(mine.len() as u64), &mut lengths[..])
         });
+        if lengths.iter().sum::<u64>() > self.max_count as u64 {
+            // Too long for one call's 32-bit counts: one (chunked) broadcast per rank.
+            return all_gather_by_broadcasts(self, self.tensor(mine, dtype));
+        }
+        let counts: Vec<Count> = lengths.iter().map(|&l| l as Count).collect();
         let displs: Vec<Count> = counts
             .iter()
             .scan(0, |at, &c| {
@@ -279,7 +312,14 @@ impl<B: Backend> ProcessGroup<B> for MpiGroup<B> {
                 ),
             });
         }
-        let mut chunk = vec![0f32; mine.len() / self.size];
+        let len = mine.len() / self.size;
+        if mine.len() > self.max_count {
+            // Too long for one call: a (chunked) all-reduce, keeping this rank's part.
+            let sum = self.summed("reduce_scatter", &mine);
+            let part = sum[self.rank * len..(self.rank + 1) * len].to_vec();
+            return Ok(self.reduced(part, op, dtype));
+        }
+        let mut chunk = vec![0f32; len];
         self.watchdog.during("reduce_scatter", || {
             world().reduce_scatter_block_into(&mine[..], &mut chunk[..], SystemOperation::sum())
         });
@@ -328,6 +368,7 @@ where
         size,
         device,
         watchdog: Watchdog::start(rank, config.timeout),
+        max_count: MAX_MPI_COUNT,
     };
     tracing::info!(rank, world_size = size, "MPI rank ready");
     match worker(group) {

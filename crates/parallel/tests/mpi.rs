@@ -207,3 +207,63 @@ fn a_panicking_or_hung_rank_ends_the_whole_job_within_seconds() {
         assert!(took < Duration::from_secs(20), "{mode}: {took:?}");
     }
 }
+
+/// One rank moving buffers longer than one MPI call may carry (the limit lowered to 3
+/// elements, as a stand-in for 2^31): every collective must still give the exact result.
+fn pieces_rank() {
+    let result =
+        launch_mpi::<Flex, _, String, _>(Default::default(), LaunchConfig::default(), |group| {
+            let group = group.with_max_count(3);
+            let (rank, device) = (group.rank(), *group.device());
+            let err = |e: afterburner_parallel::ParallelError| e.to_string();
+            let values =
+                |n: usize, base: f32| -> Vec<f32> { (0..n).map(|i| base + i as f32).collect() };
+            let t = |v: &[f32]| Tensor::<Flex, 1>::from_floats(v, &device);
+            let read = |t: Tensor<Flex, 1>| t.into_data().to_vec::<f32>().unwrap();
+            // all_reduce of 10 values: 4 pieces.
+            let mine = values(10, 100.0 * rank as f32);
+            let sum = read(group.all_reduce(t(&mine), ReduceOp::Sum).map_err(err)?);
+            let want: Vec<f32> = (0..10).map(|i| 100.0 + 2.0 * i as f32).collect();
+            assert_eq!(sum, want, "all_reduce");
+            // broadcast of 8 values from rank 1.
+            let sent = (rank == 1).then(|| t(&values(8, 7.0)));
+            assert_eq!(read(group.broadcast(sent, 1).map_err(err)?), values(8, 7.0));
+            // all_gather of 5 and 4 values (9 in all, over the limit).
+            let mine = values(5 - rank, 10.0 * rank as f32);
+            let all: Vec<Vec<f32>> = group
+                .all_gather(t(&mine))
+                .map_err(err)?
+                .into_iter()
+                .map(read)
+                .collect();
+            assert_eq!(all, vec![values(5, 0.0), values(4, 10.0)], "all_gather");
+            // reduce_scatter of 8 values: each rank gets its 4 of the sum.
+            let mine = values(8, rank as f32);
+            let part = read(group.reduce_scatter(t(&mine), ReduceOp::Sum).map_err(err)?);
+            let sum: Vec<f32> = (0..8).map(|i| 1.0 + 2.0 * i as f32).collect();
+            assert_eq!(part, sum[rank * 4..rank * 4 + 4].to_vec(), "reduce_scatter");
+            Ok(rank)
+        })
+        .unwrap();
+    println!("MPI-RANK-{result}-PIECES-EXACT");
+}
+
+#[test]
+fn buffers_longer_than_one_mpi_call_go_in_exact_pieces() {
+    if is_rank() {
+        return pieces_rank();
+    }
+    let (ok, output, _) = mpirun(
+        "buffers_longer_than_one_mpi_call_go_in_exact_pieces",
+        2,
+        "",
+        Duration::from_secs(120),
+    );
+    assert!(ok, "the MPI job failed:\n{output}");
+    for rank in 0..2 {
+        assert!(
+            output.contains(&format!("MPI-RANK-{rank}-PIECES-EXACT")),
+            "{output}"
+        );
+    }
+}
