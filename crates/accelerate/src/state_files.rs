@@ -310,6 +310,21 @@ pub(crate) fn read_verified(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, Accele
             ));
         }
     }
+    let listed: u64 = manifest
+        .files
+        .iter()
+        .fold(0u64, |sum, f| sum.saturating_add(f.bytes));
+    if let Some(available) = memory_available()
+        && listed > available
+    {
+        return Err(AccelerateError::corrupt(
+            &manifest_path,
+            format!(
+                "lists {listed} bytes of files, more than the {available} bytes of memory \
+                 available to load them (a sparse or foreign file?); nothing was read"
+            ),
+        ));
+    }
     manifest
         .files
         .into_iter()
@@ -322,6 +337,14 @@ pub(crate) fn read_verified(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, Accele
             Ok((entry.name, bytes))
         })
         .collect()
+}
+
+/// The memory the system can still give (Linux `MemAvailable`); `None` where unknown.
+fn memory_available() -> Option<u64> {
+    let info = fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 /// The largest manifest read (a real one is a few hundred bytes per part).

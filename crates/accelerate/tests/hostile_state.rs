@@ -86,6 +86,31 @@ fn a_fifo_or_a_link_in_place_of_a_file_is_refused_without_reading() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A huge sparse file (4 TiB of holes) listed at its size: refused before any read, naming the
+/// memory available, instead of an allocation that aborts the process.
+#[test]
+fn a_file_larger_than_memory_is_refused_before_reading() {
+    let _rng = rng_lock();
+    let dir = saved_state("sparse");
+    let model = dir.join("model.mpk");
+    let huge = 4u64 << 40;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .unwrap();
+    if file.set_len(huge).is_err() {
+        println!("this file system cannot hold a 4 TiB sparse file; skipped");
+        return;
+    }
+    edit_manifest(&dir, |files| {
+        let entry = files.iter_mut().find(|f| f["name"] == "model.mpk").unwrap();
+        entry["bytes"] = huge.into();
+    });
+    let err = corrupt_message(load(&dir));
+    assert!(err.contains("memory"), "{err}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn counters_no_run_can_produce_are_refused() {
     let _rng = rng_lock();

@@ -155,6 +155,25 @@ fn events_fire_at_the_right_optimizer_steps_under_accumulation_4() {
     std::fs::remove_dir_all(out).ok();
 }
 
+/// A label the model has no class for is an error naming it, not a panic inside Burn's loss.
+#[test]
+fn a_label_beyond_the_models_classes_is_a_named_error() {
+    let _rng = rng_lock();
+    let (train, eval) = data();
+    let mut items = train.items().to_vec();
+    items[5].label = 12;
+    let train = ImageDataset::new(items, [1, 8, 8]).unwrap();
+    let args = small_args("labels");
+    let mut trainer: DigitsTrainer =
+        Trainer::new(vit(1), args.clone(), train, eval, BATCHER).unwrap();
+    let err = trainer.train().unwrap_err().to_string();
+    assert!(
+        err.contains("labels") && err.contains("12") && err.contains("10 classes"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&args.output_dir).ok();
+}
+
 #[test]
 fn a_resume_in_the_middle_of_epoch_2_continues_exactly() {
     let _rng = rng_lock();

@@ -20,8 +20,35 @@ impl<B: AutodiffBackend> TrainLoss<B, ImageBatch<B>> for Vit<B> {
         batch: ImageBatch<B>,
     ) -> Result<Tensor<B, 1>, AccelerateError> {
         let logits = acc.forward(self, batch.images, |model, images| model.forward(images))?;
+        check_classes(batch.labels.clone(), logits.dims()[1], "label")?;
         let loss = CrossEntropyLossConfig::new().init(&logits.device());
         Ok(loss.forward(logits, batch.labels))
+    }
+}
+
+/// Errors unless every class index in `labels` is below `classes` (Burn's cross-entropy
+/// panics on one that is not): one small host read per batch.
+fn check_classes<B: Backend>(
+    labels: Tensor<B, 1, Int>,
+    classes: usize,
+    what: &str,
+) -> Result<(), AccelerateError> {
+    if labels.dims()[0] == 0 {
+        return Ok(());
+    }
+    let range = Tensor::cat(vec![labels.clone().min(), labels.max()], 0);
+    let range = range.into_data().convert::<i64>().to_vec::<i64>();
+    match range.as_deref() {
+        Ok([low, high]) if *low >= 0 && (*high as u64) < classes as u64 => Ok(()),
+        Ok([low, high]) => Err(AccelerateError::invalid(
+            "labels",
+            format!(
+                "a {what} of {} in a batch (the model has {classes} classes)",
+                if *low < 0 { low } else { high }
+            ),
+            "class indices from 0 to the model's number of classes - 1",
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -45,6 +72,8 @@ impl<B: AutodiffBackend> TrainLoss<B, TokenBatch<B>> for Transformer<B> {
         batch: TokenBatch<B>,
     ) -> Result<Tensor<B, 1>, AccelerateError> {
         let logits = acc.forward(self, batch.inputs, |model, tokens| model.forward(tokens))?;
+        let vocab = logits.dims()[2];
+        check_classes(batch.targets.clone().flatten(0, 1), vocab, "target token")?;
         Ok(next_token_loss(logits, batch.targets))
     }
 
