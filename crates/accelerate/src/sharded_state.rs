@@ -180,8 +180,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .unwrap_or_default();
         found.sort();
         AccelerateError::WrongWorldSize(format!(
-            "no sharded state for this rank at {} (world size {}); found: [{}]. A sharded \
-             state loads at the world size it was saved with",
+            "no sharded state for this rank at {} (world size {}); found: [{}]. An FSDP \
+             sharded state loads at the world size it was saved with (save with \
+             fsdp.state_dict_type = \"full\" to resume at another; a zero-1 state merges \
+             one complete save of any world size)",
             mine.display(),
             self.world_size(),
             found.join(", ")
@@ -233,6 +235,37 @@ impl<B: AutodiffBackend> Accelerator<B> {
             Tensor::<B::InnerBackend, 1>::from_floats([f32::from(u8::from(yes))], &self.device);
         let votes = group.all_reduce(vote, ReduceOp::Sum)?.into_scalar();
         Ok(votes.elem::<f32>().round() as usize)
+    }
+}
+
+/// The rank directories of the sharded state in `dir`, in rank order, when they form one
+/// complete save (`rank-<r>-of-<n>` for every r below one n); empty otherwise.
+pub(crate) fn saved_rank_dirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(usize, usize, PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !is_rank_dir_name(&name) {
+                return None;
+            }
+            let (rank, world) = name.strip_prefix(RANK_PREFIX)?.split_once("-of-")?;
+            Some((world.parse().ok()?, rank.parse().ok()?, entry.path()))
+        })
+        .collect();
+    found.sort();
+    let complete = found.first().is_some_and(|(world, _, _)| {
+        found.len() == *world
+            && found
+                .iter()
+                .enumerate()
+                .all(|(i, (w, rank, _))| w == world && *rank == i)
+    });
+    match complete {
+        true => found.into_iter().map(|(_, _, path)| path).collect(),
+        false => Vec::new(),
     }
 }
 

@@ -30,6 +30,7 @@ use crate::data::DataProgress;
 use crate::parts::{
     ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file, refuse_nonfinite_models,
 };
+use crate::sharded_state::saved_rank_dirs;
 use crate::state_files::{
     MANIFEST, check_replaceable, read_verified, recover_moved_aside, write_atomically,
 };
@@ -44,6 +45,10 @@ type StateRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
 /// A state directory's files: (file name, bytes).
 type StateFiles = Vec<(String, Vec<u8>)>;
+
+/// Where a load reads: the directory, the mode, whether it is this rank's part of a sharded
+/// state, and the saved ranks to merge (see `Accelerator::state_source`).
+type StateSource = (PathBuf, Mode, bool, Vec<PathBuf>);
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct AcceleratorState {
@@ -97,8 +102,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
     ///
     /// Under DDP, rank 0 writes (every replica is identical) and every rank waits until it has.
     /// Under `zero-1` and sharded `fsdp` each rank holds a different part of the state: every
-    /// rank writes its own complete state directory, `dir/rank-<r>-of-<n>` (loadable at the
-    /// same world size). Under `fsdp` with `state_dict_type = "full"` the parts are gathered
+    /// rank writes its own complete state directory, `dir/rank-<r>-of-<n>`, by a two-phase
+    /// commit (an FSDP one loads at the same world size, a `zero-1` one at any). Under `fsdp` with `state_dict_type = "full"` the parts are gathered
     /// and rank 0 writes one ordinary state. The call fails on every rank if it failed on any.
     pub fn save_state<M, O, S>(
         &self,
@@ -230,10 +235,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let dir = dir.as_ref();
         parts.check_names()?;
         recover_moved_aside(dir);
-        let (source, mode, per_rank) = self.state_source(dir)?;
+        let (source, mode, per_rank, merged_ranks) = self.state_source(dir)?;
         let read = match per_rank && !source.is_dir() {
             true => Err(self.missing_rank_dir(dir, &source)),
-            false => self.read_parts(&source, parts),
+            false => self
+                .read_parts(&source, parts)
+                .and_then(|read| self.merge_rank_parts(parts, &merged_ranks, read)),
         };
         self.all_ranks_succeeded(&read, "load_state")?;
         let (mut files, state) = read?;
@@ -314,11 +321,13 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(scaler)
     }
 
-    /// Where this rank reads a state from, whether it is a gathered (full) one, and whether
-    /// it is this rank's own part of a sharded one. Every rank takes the same path.
-    fn state_source(&self, dir: &Path) -> Result<(PathBuf, Mode, bool), AccelerateError> {
+    /// Where this rank reads a state from, whether it is a gathered (full) one, whether it
+    /// is this rank's own part of a sharded one, and the saved ranks' directories to merge
+    /// when a per-rank state of another world size loads by merging (ZeRO-1; empty
+    /// otherwise). Every rank takes the same path.
+    fn state_source(&self, dir: &Path) -> Result<StateSource, AccelerateError> {
         if self.strategy.state_layout() == StateLayout::Replicated {
-            return Ok((dir.to_path_buf(), Mode::Local, false));
+            return Ok((dir.to_path_buf(), Mode::Local, false, Vec::new()));
         }
         if self.strategy.loads_full_state() {
             let full = dir.join(MANIFEST).is_file();
@@ -331,10 +340,70 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 )));
             }
             if full {
-                return Ok((dir.to_path_buf(), Mode::Gathered, false));
+                return Ok((dir.to_path_buf(), Mode::Gathered, false, Vec::new()));
             }
         }
-        Ok((self.rank_dir(dir), Mode::Local, true))
+        let mine = self.rank_dir(dir);
+        if self.strategy.merges_rank_states() {
+            let saved = match mine.is_dir() {
+                true => Vec::new(),
+                false => saved_rank_dirs(dir),
+            };
+            if !self.same_on_every_rank(&[saved.len() as f64])? {
+                return Err(AccelerateError::RanksDisagree(format!(
+                    "load_state: the ranks do not see the same sharded state at {}",
+                    dir.display()
+                )));
+            }
+            if let Some(rank_0) = saved.first() {
+                return Ok((rank_0.clone(), Mode::Gathered, false, saved));
+            }
+        }
+        Ok((mine, Mode::Local, true, Vec::new()))
+    }
+
+    /// Under a merged load (`ranks` not empty): `read` (rank 0's files) with each optimizer
+    /// part's bytes merged from every saved rank, after checking every rank's part comes
+    /// from the same save.
+    fn merge_rank_parts(
+        &self,
+        parts: &StateParts<'_, B>,
+        ranks: &[PathBuf],
+        (mut files, state): (StateFiles, AcceleratorState),
+    ) -> Result<(StateFiles, AcceleratorState), AccelerateError> {
+        if ranks.is_empty() {
+            return Ok((files, state));
+        }
+        let mut saved = Vec::with_capacity(ranks.len());
+        for dir in ranks {
+            let rank_files = read_verified(dir)?;
+            let same_save = rank_files
+                .iter()
+                .find(|(n, _)| n == ACCELERATOR_FILE)
+                .and_then(|(_, bytes)| serde_json::from_slice::<AcceleratorState>(bytes).ok())
+                .is_some_and(|s| s.counters == state.counters);
+            if !same_save {
+                return Err(AccelerateError::corrupt(
+                    dir.join(ACCELERATOR_FILE),
+                    "this rank's part is not from the same save as rank 0's",
+                ));
+            }
+            saved.push((dir.clone(), rank_files));
+        }
+        for (name, slot) in &parts.parts {
+            if let Some(bytes) = slot.merge_ranks(self, parts, name, &saved)? {
+                let file = part_file(name);
+                if let Some(entry) = files.iter_mut().find(|(n, _)| *n == file) {
+                    entry.1 = bytes;
+                }
+            }
+        }
+        tracing::info!(
+            saved_ranks = ranks.len(),
+            world_size = self.world_size(),
+            "merged a sharded state saved at another world size"
+        );
+        Ok((files, state))
     }
 
     /// The verified files of the state at `dir` and the Accelerator's part; errors on a part

@@ -227,6 +227,10 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
         dispatch!(self, s => TrainingStrategy::<B>::loads_full_state(s))
     }
 
+    fn merges_rank_states(&self) -> bool {
+        dispatch!(self, s => TrainingStrategy::<B>::merges_rank_states(s))
+    }
+
     fn gather_optimizer_record<M: AutodiffModule<B>>(
         &self,
         model: &M,

@@ -40,6 +40,7 @@ mod loopback;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod params;
+mod record;
 pub mod rng;
 mod sampler;
 mod shared;
@@ -60,7 +61,8 @@ pub use local::LocalGroup;
 pub use loopback::{LoopbackRun, run_on_loopback};
 #[cfg(feature = "mpi")]
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
-pub use params::{flat_params, with_flat_params};
+pub use params::{flat_params, param_ids, with_flat_params};
+pub use record::merge_param_states;
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
 pub use slow_link::SlowLink;

@@ -4,9 +4,9 @@
 
 use std::marker::PhantomData;
 
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::ddp::{Flatten, Unflatten};
 
@@ -34,4 +34,18 @@ pub fn with_flat_params<B: AutodiffBackend, M: AutodiffModule<B>>(
         offset: 0,
         backend: PhantomData,
     })
+}
+
+/// The ids of `model`'s float parameters in visit order, as optimizer records name them
+/// (`ParamId::serialize`): position `i` is the `i`-th parameter.
+pub fn param_ids<B: Backend, M: Module<B>>(model: &M) -> Vec<String> {
+    struct Ids(Vec<String>);
+    impl<B: Backend> ModuleVisitor<B> for Ids {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.id.serialize());
+        }
+    }
+    let mut ids = Ids(Vec::new());
+    model.visit(&mut ids);
+    ids.0
 }

@@ -172,6 +172,14 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
         self.state_layout() == StateLayout::Gathered
     }
 
+    /// Whether a per-rank state saved at another world size loads by merging the ranks'
+    /// optimizer records into one full record (each rank's model being the full model, as
+    /// under ZeRO-1), then [`shard_optimizer_record`](Self::shard_optimizer_record). Default
+    /// false: a per-rank state loads at the world size that saved it.
+    fn merges_rank_states(&self) -> bool {
+        false
+    }
+
     /// Under [`StateLayout::Gathered`]: the optimizer record (Burn's named MessagePack at full
     /// precision, as the state files hold it) with every per-parameter tensor gathered to its
     /// full shape. Every rank calls it, in the same order. `model` is this rank's model.

@@ -9,6 +9,8 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::ddp::{Flatten, Unflatten};
+use crate::params::param_ids;
+use crate::record::retain_param_states;
 use crate::{Ddp, ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -212,5 +214,32 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Zero
 
     fn state_layout(&self) -> StateLayout {
         StateLayout::PerRank
+    }
+
+    /// A full state (saved under DDP, or merged from ZeRO-1 parts of another world size)
+    /// loads: every rank keeps the optimizer state of the parameters it owns.
+    fn loads_full_state(&self) -> bool {
+        true
+    }
+
+    fn merges_rank_states(&self) -> bool {
+        true
+    }
+
+    fn shard_optimizer_record<M: AutodiffModule<B>>(
+        &self,
+        full: &M,
+        record: Vec<u8>,
+    ) -> Result<Vec<u8>, ParallelError> {
+        let group = self.ddp.group();
+        let sharding = OptimizerSharding::new(full, group.rank(), group.world_size());
+        let index = param_ids(full)
+            .into_iter()
+            .enumerate()
+            .map(|(position, id)| (id, position))
+            .collect();
+        retain_param_states(&record, &index, |position| {
+            sharding.owners.get(position) == Some(&sharding.rank)
+        })
     }
 }

@@ -234,4 +234,21 @@ pub(crate) trait Slot<B: AutodiffBackend> {
     fn encodes_locally(&self) -> bool {
         true
     }
+
+    /// Under a load of per-rank states saved at another world size (ZeRO-1): this part's
+    /// bytes merged from every saved rank (`ranks[k]`: rank k's directory and verified files),
+    /// or `None` to take rank 0's (every part but optimizers). `name` is this part's name;
+    /// `parts` gives an optimizer its model. Local work only.
+    fn merge_ranks(
+        &self,
+        _acc: &Accelerator<B>,
+        _parts: &StateParts<'_, B>,
+        _name: &str,
+        _ranks: &[RankFiles],
+    ) -> Result<Option<Vec<u8>>, AccelerateError> {
+        Ok(None)
+    }
 }
+
+/// One saved rank's directory and its verified files (name, bytes).
+pub(crate) type RankFiles = (std::path::PathBuf, Vec<(String, Vec<u8>)>);

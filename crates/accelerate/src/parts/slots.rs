@@ -5,7 +5,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::path::Path;
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::{TrainingStrategy, merge_param_states, param_ids};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::checks::{has_nonfinite, load_checked};
-use super::{Mode, Part, Slot, StateParts, Stateful};
+use super::{Mode, Part, RankFiles, Slot, StateParts, Stateful, part_file};
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
 
@@ -202,6 +202,47 @@ where
             *self.optimizer = self.optimizer.clone().load_record(record);
         }
         Ok(())
+    }
+
+    /// Every saved rank's optimizer states in one record, keyed by the parameter ids of rank
+    /// 0's model (the one a merged load stages): each rank's record is re-keyed through its
+    /// own saved model, whose ids may differ.
+    fn merge_ranks(
+        &self,
+        acc: &Accelerator<B>,
+        parts: &StateParts<'_, B>,
+        name: &str,
+        ranks: &[RankFiles],
+    ) -> Result<Option<Vec<u8>>, AccelerateError> {
+        let (model_name, template) = parts
+            .parts
+            .iter()
+            .find_map(|(n, s)| Some((n, s.model()?.downcast_ref::<M>()?)))
+            .ok_or_else(Self::no_model)?;
+        let (model_file, own_file) = (part_file(model_name), part_file(name));
+        let mut records = Vec::with_capacity(ranks.len());
+        let mut ids_of_rank_0 = None;
+        for (dir, files) in ranks {
+            let file = |wanted: &str| {
+                files
+                    .iter()
+                    .find(|(n, _)| n == wanted)
+                    .map(|(_, bytes)| bytes.clone())
+                    .ok_or_else(|| AccelerateError::corrupt(dir.join(wanted), "missing"))
+            };
+            let path = dir.join(&model_file);
+            let record = decode_record::<B, M::Record>(file(&model_file)?, &acc.device, &path)?;
+            let ids = param_ids(&load_checked(template, record)?);
+            let index = ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (id.clone(), i))
+                .collect();
+            records.push((file(&own_file)?, index));
+            ids_of_rank_0.get_or_insert(ids);
+        }
+        let ids = ids_of_rank_0.unwrap_or_default();
+        Ok(Some(merge_param_states(&records, &ids)?))
     }
 }
 

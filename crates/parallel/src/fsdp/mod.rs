@@ -12,7 +12,6 @@
 mod config;
 mod gather;
 mod layout;
-mod record;
 mod strategy;
 mod view;
 

@@ -7,9 +7,9 @@ use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 
-use super::record::{check_param_ids, map_state_tensors};
 use super::{Fsdp, StateDictType};
 use crate::ddp::broadcast_from_rank0;
+use crate::record::{check_param_ids, map_state_tensors};
 use crate::{ForwardView, ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;

@@ -1,5 +1,6 @@
-//! Rewriting the tensors of an encoded optimizer record (Burn's named MessagePack) without
-//! knowing the optimizer's type: how a sharded FSDP optimizer state becomes a full one and back.
+//! Rewriting an encoded optimizer record (Burn's named MessagePack) without knowing the
+//! optimizer's type: how a sharded FSDP optimizer state becomes a full one and back, and how
+//! ZeRO-1's per-rank states merge into one and split again.
 //!
 //! An optimizer record is a map from `ParamId` to that parameter's state; each tensor in it is
 //! a `TensorData` map (`bytes`, `shape`, `dtype`). Element-wise optimizers (SGD, Adam, AdamW,
@@ -72,6 +73,75 @@ pub(crate) fn map_state_tensors(
     }
     let mut out = Vec::with_capacity(bytes.len());
     rmpv::encode::write_value(&mut out, &record).map_err(|e| bad(&e.to_string()))?;
+    Ok(out)
+}
+
+/// One record holding every parameter state of `records` (each the encoded record of one
+/// rank's optimizer, with the map from its model's parameter ids to their positions), keyed by
+/// `ids`, the ids by position of the model it will load into; otherwise in the first record's
+/// form. Errors on bytes that are not such records, on an id its model lacks, and on a
+/// parameter two records hold state for (parts of different saves).
+pub fn merge_param_states(
+    records: &[(Vec<u8>, HashMap<String, usize>)],
+    ids: &[String],
+) -> Result<Vec<u8>, ParallelError> {
+    let mut merged: Vec<Option<Value>> = vec![None; ids.len()];
+    let mut base = None;
+    for (bytes, index) in records {
+        let mut record =
+            rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
+        let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
+            return Err(bad("the item is not a map from parameter id to state"));
+        };
+        for (position, entry) in positions(params, index)? {
+            let slot = merged
+                .get_mut(position)
+                .ok_or_else(|| bad(&format!("parameter {position} is beyond the model")))?;
+            if slot.is_some() {
+                return Err(bad(&format!(
+                    "two ranks hold state for parameter {position} (parts of different saves?)"
+                )));
+            }
+            *slot = Some(std::mem::replace(&mut params[entry].1, Value::Nil));
+        }
+        base.get_or_insert(record);
+    }
+    let mut record = base.ok_or_else(|| bad("no record to merge"))?;
+    let params = merged
+        .into_iter()
+        .zip(ids)
+        .filter_map(|(state, id)| Some((Value::from(id.as_str()), state?)))
+        .collect();
+    if let Some(item) = field_mut(&mut record, "item") {
+        *item = Value::Map(params);
+    }
+    encode_value(&record)
+}
+
+/// The record in `bytes` keeping only the states of parameters whose position (by `index`)
+/// `keep` accepts.
+pub(crate) fn retain_param_states(
+    bytes: &[u8],
+    index: &HashMap<String, usize>,
+    keep: impl Fn(usize) -> bool,
+) -> Result<Vec<u8>, ParallelError> {
+    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
+    let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
+        return Err(bad("the item is not a map from parameter id to state"));
+    };
+    let kept: Vec<usize> = positions(params, index)?
+        .into_iter()
+        .filter(|(position, _)| keep(*position))
+        .map(|(_, entry)| entry)
+        .collect();
+    let mut entries: Vec<Option<(Value, Value)>> = params.drain(..).map(Some).collect();
+    *params = kept.into_iter().filter_map(|i| entries[i].take()).collect();
+    encode_value(&record)
+}
+
+fn encode_value(record: &Value) -> Result<Vec<u8>, ParallelError> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, record).map_err(|e| bad(&e.to_string()))?;
     Ok(out)
 }
 

@@ -1,0 +1,165 @@
+//! Issue 11: elastic resume. A ZeRO-1 state saved by 2 ranks resumes on 4 ranks and on 1: the
+//! ranks' optimizer states are merged and split again, and the run continues as if it had not
+//! changed size (AdamW: a lost moment would show). A DDP (full) state loads into ZeRO-1 too.
+//! An FSDP sharded state still names the world size it needs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use afterburner::demos::digits;
+use afterburner::demos::models::Vit;
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
+use burn::optim::{AdamWConfig, Optimizer};
+use common::*;
+
+/// 96 digits in global batches of 16.
+const GLOBAL_BATCH: usize = 16;
+
+fn config(strategy: Strategy, devices: usize) -> AcceleratorConfig {
+    AcceleratorConfig {
+        strategy,
+        devices,
+        fsdp: FsdpConfig::default(),
+        ..Default::default()
+    }
+}
+
+/// Per rank: the full parameters after training, the optimizer record's tensors (ZeRO-1: the
+/// parameters this rank owns) and the optimizer steps taken.
+type RankResult = (Vec<f32>, usize, u64);
+
+/// On `devices` ranks: starts from `initial` or loads `load`, trains `steps` optimizer steps
+/// from the saved data position, saves to `save` if given after `save_after` steps.
+fn run(
+    strategy: Strategy,
+    devices: usize,
+    initial: Vit<B>,
+    load: Option<PathBuf>,
+    save: Option<(usize, PathBuf)>,
+    steps: usize,
+) -> Result<Vec<RankResult>, AccelerateError> {
+    Accelerator::<B>::run(config(strategy, devices), move |mut acc| {
+        let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        let mut lr = 2e-3;
+        if let Some(dir) = &load {
+            (model, optim, lr) = acc.load_state(dir, model, optim, lr)?;
+        }
+        let loader = acc.dataloader(digits::load()?.take(96), BATCHER, GLOBAL_BATCH / devices)?;
+        let (epoch, batch) = acc.data_position();
+        for (i, batch) in loader.epoch_from(epoch, batch).take(steps).enumerate() {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, &mut optim, &mut lr)?;
+            if let Some((after, dir)) = &save
+                && i + 1 == *after
+            {
+                acc.save_state(dir, &model, &optim, &lr)?;
+            }
+        }
+        Ok((
+            flatten(&params(&acc.full_model(&model)?)),
+            optim.to_record().len(),
+            acc.counters().optimizer_steps,
+        ))
+    })
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("afterburner-elastic-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn check_continues(resumed: &[RankResult], straight: &[f32], tensors: usize, what: &str) {
+    for (rank, (params, _, steps)) in resumed.iter().enumerate() {
+        assert_eq!(*steps, 6, "{what} rank {rank}");
+        let err = max_rel(params, straight, 1e-3);
+        println!("{what} rank {rank}: parameters vs the run that kept its size: {err:e}");
+        assert!(err <= 1e-5, "{what} rank {rank}: {err}");
+    }
+    let states: usize = resumed.iter().map(|r| r.1).sum();
+    assert_eq!(
+        states, tensors,
+        "{what}: each parameter's optimizer state on one rank"
+    );
+}
+
+#[test]
+fn a_zero_1_state_resumes_on_more_and_on_fewer_ranks() {
+    let _rng = rng_lock();
+    let initial = vit(8);
+    let tensors = params(&initial).len();
+    let dir = temp("zero1");
+    // 2 ranks: 3 steps, save, 3 more steps.
+    let straight = run(
+        Strategy::Zero1,
+        2,
+        initial.clone(),
+        None,
+        Some((3, dir.clone())),
+        6,
+    )
+    .unwrap();
+    let straight = straight[0].0.clone();
+    let other = vit(9);
+    let four = run(
+        Strategy::Zero1,
+        4,
+        other.clone(),
+        Some(dir.clone()),
+        None,
+        3,
+    )
+    .unwrap();
+    check_continues(&four, &straight, tensors, "2 -> 4 ranks");
+    let one = run(
+        Strategy::Zero1,
+        1,
+        other.clone(),
+        Some(dir.clone()),
+        None,
+        3,
+    )
+    .unwrap();
+    check_continues(&one, &straight, tensors, "2 -> 1 rank");
+    std::fs::remove_dir_all(&dir).ok();
+
+    // A full (DDP) state loads into ZeRO-1: each rank keeps the state it owns.
+    let full = temp("ddp");
+    run(Strategy::Ddp, 2, initial, None, Some((3, full.clone())), 3).unwrap();
+    let zero = run(Strategy::Zero1, 2, other, Some(full.clone()), None, 3).unwrap();
+    check_continues(&zero, &straight, tensors, "ddp -> zero-1");
+    std::fs::remove_dir_all(&full).ok();
+}
+
+#[test]
+fn a_sharded_fsdp_state_names_the_world_size_it_needs() {
+    let _rng = rng_lock();
+    let initial = vit(8);
+    let dir = temp("fsdp");
+    let fsdp = |devices| AcceleratorConfig {
+        fsdp: FsdpConfig {
+            state_dict_type: afterburner::StateDictType::Sharded,
+            ..Default::default()
+        },
+        ..config(Strategy::Fsdp, devices)
+    };
+    let target = dir.clone();
+    let model = initial.clone();
+    Accelerator::<B>::run(fsdp(2), move |acc| {
+        let (model, optim) = acc.setup(model.clone(), AdamWConfig::new().init())?;
+        acc.save_state(&target, &model, &optim, &0.1)
+    })
+    .unwrap();
+    let source = dir.clone();
+    let err = Accelerator::<B>::run(fsdp(4), move |mut acc| {
+        let (model, optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        acc.load_state(&source, model, optim, 0.1).map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("world size") && err.contains("full"), "{err}");
+    std::fs::remove_dir_all(Path::new(&dir)).ok();
+}
