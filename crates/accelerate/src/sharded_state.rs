@@ -180,10 +180,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .unwrap_or_default();
         found.sort();
         AccelerateError::WrongWorldSize(format!(
-            "no sharded state for this rank at {} (world size {}); found: [{}]. An FSDP \
-             sharded state loads at the world size it was saved with (save with \
-             fsdp.state_dict_type = \"full\" to resume at another; a zero-1 state merges \
-             one complete save of any world size)",
+            "no sharded state for this rank at {} (world size {}); found: [{}]. A sharded \
+             state loads at any world size when it holds one complete save \
+             (rank-00000-of-N to rank-<N-1>-of-N)",
             mine.display(),
             self.world_size(),
             found.join(", ")

@@ -103,7 +103,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// Under DDP, rank 0 writes (every replica is identical) and every rank waits until it has.
     /// Under `zero-1` and sharded `fsdp` each rank holds a different part of the state: every
     /// rank writes its own complete state directory, `dir/rank-<r>-of-<n>`, by a two-phase
-    /// commit (an FSDP one loads at the same world size, a `zero-1` one at any). Under `fsdp` with `state_dict_type = "full"` the parts are gathered
+    /// commit; it loads at any world size (the saved ranks' parts are merged). Under `fsdp` with `state_dict_type = "full"` the parts are gathered
     /// and rank 0 writes one ordinary state. The call fails on every rank if it failed on any.
     pub fn save_state<M, O, S>(
         &self,

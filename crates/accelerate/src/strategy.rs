@@ -231,6 +231,22 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
         dispatch!(self, s => TrainingStrategy::<B>::merges_rank_states(s))
     }
 
+    fn saved_models_are_shards(&self) -> bool {
+        dispatch!(self, s => TrainingStrategy::<B>::saved_models_are_shards(s))
+    }
+
+    fn join_saved_models<M: AutodiffModule<B>>(&self, saved: Vec<M>) -> Result<M, ParallelError> {
+        dispatch!(self, s => s.join_saved_models(saved))
+    }
+
+    fn join_saved_optimizer_records(
+        &self,
+        records: &[(Vec<u8>, std::collections::HashMap<String, usize>)],
+        ids: &[String],
+    ) -> Result<Vec<u8>, ParallelError> {
+        dispatch!(self, s => TrainingStrategy::<B>::join_saved_optimizer_records(s, records, ids))
+    }
+
     fn gather_optimizer_record<M: AutodiffModule<B>>(
         &self,
         model: &M,

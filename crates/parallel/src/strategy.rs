@@ -20,6 +20,8 @@
 //! the phases it changes. The methods are generic over the model type, so the trait is not
 //! object safe: a loop that picks a strategy at run time dispatches through an enum.
 
+use std::collections::HashMap;
+
 use afterburner_checkpoint::DerivedParams;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::GradientsParams;
@@ -178,6 +180,33 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
     /// false: a per-rank state loads at the world size that saved it.
     fn merges_rank_states(&self) -> bool {
         false
+    }
+
+    /// Under a merged load: whether the saved ranks' models are shards to join
+    /// ([`join_saved_models`](Self::join_saved_models)) rather than copies of the full model.
+    fn saved_models_are_shards(&self) -> bool {
+        false
+    }
+
+    /// Under a merged load: the full model from the saved ranks' models as decoded
+    /// (`saved[k]`, rank k's, with the shapes it saved). Local work. Default: rank 0's.
+    fn join_saved_models<M: AutodiffModule<B>>(&self, saved: Vec<M>) -> Result<M, ParallelError> {
+        saved
+            .into_iter()
+            .next()
+            .ok_or_else(|| ParallelError::Record("no saved rank to load".into()))
+    }
+
+    /// Under a merged load: one full optimizer record from the saved ranks' records (each
+    /// with the map from its model's parameter ids to positions), keyed by `ids`. Local work.
+    /// Default: [`merge_param_states`](crate::merge_param_states) (each parameter's state
+    /// held by one rank, as under ZeRO-1).
+    fn join_saved_optimizer_records(
+        &self,
+        records: &[(Vec<u8>, HashMap<String, usize>)],
+        ids: &[String],
+    ) -> Result<Vec<u8>, ParallelError> {
+        crate::merge_param_states(records, ids)
     }
 
     /// Under [`StateLayout::Gathered`]: the optimizer record (Burn's named MessagePack at full

@@ -80,6 +80,24 @@ fn shapes<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, Vec<usize>)> {
     visitor.found
 }
 
+/// `template` with `record` loaded, checking only that the record has its structure (the
+/// parameters keep the record's shapes: for a saved rank's shards, whose shapes depend on the
+/// world size that saved them).
+pub(super) fn load_structure<B: AutodiffBackend, M: AutodiffModule<B>>(
+    template: &M,
+    record: M::Record,
+) -> Result<M, AccelerateError> {
+    // Burn asserts (panics) when a list of layers has another length.
+    catch_unwind(AssertUnwindSafe(|| template.clone().load_record(record))).map_err(|_| {
+        AccelerateError::InvalidPart {
+            part: String::new(),
+            reason: "the saved model has another structure than this one (a list of layers of \
+                 another length?); nothing was loaded"
+                .into(),
+        }
+    })
+}
+
 /// `template` with `record` loaded, after checking the record has its structure and every
 /// parameter its shape; an error lists each mismatch (path, saved shape, model shape) and
 /// leaves `template` as it was.
@@ -87,16 +105,7 @@ pub(super) fn load_checked<B: AutodiffBackend, M: AutodiffModule<B>>(
     template: &M,
     record: M::Record,
 ) -> Result<M, AccelerateError> {
-    // Burn asserts (panics) when a list of layers has another length.
-    let loaded =
-        catch_unwind(AssertUnwindSafe(|| template.clone().load_record(record))).map_err(|_| {
-            AccelerateError::InvalidPart {
-                part: String::new(),
-                reason: "the saved model has another structure than this one (a list of layers of \
-                     another length?); nothing was loaded"
-                    .into(),
-            }
-        })?;
+    let loaded = load_structure(template, record)?;
     let (want, got) = (shapes(template), shapes(&loaded));
     let mut mismatches: Vec<String> = want
         .iter()

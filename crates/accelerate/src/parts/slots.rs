@@ -5,7 +5,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::path::Path;
 
-use afterburner_parallel::{TrainingStrategy, merge_param_states, param_ids};
+use afterburner_parallel::{TrainingStrategy, param_ids};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::checks::{has_nonfinite, load_checked};
+use super::checks::{has_nonfinite, load_checked, load_structure};
 use super::{Mode, Part, RankFiles, Slot, StateParts, Stateful, part_file};
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
@@ -114,6 +114,34 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
 
     fn is_model(&self) -> bool {
         true
+    }
+
+    /// Under a merged load whose saved models are shards (FSDP): the full model joined from
+    /// every saved rank's shards, encoded; `None` (rank 0's copy) otherwise.
+    fn merge_ranks(
+        &self,
+        acc: &Accelerator<B>,
+        _parts: &StateParts<'_, B>,
+        name: &str,
+        ranks: &[RankFiles],
+    ) -> Result<Option<Vec<u8>>, AccelerateError> {
+        if !acc.strategy.saved_models_are_shards() {
+            return Ok(None);
+        }
+        let file = part_file(name);
+        let mut saved = Vec::with_capacity(ranks.len());
+        for (dir, files) in ranks {
+            let path = dir.join(&file);
+            let bytes = files
+                .iter()
+                .find(|(n, _)| *n == file)
+                .map(|(_, bytes)| bytes.clone())
+                .ok_or_else(|| AccelerateError::corrupt(&path, "missing"))?;
+            let record = decode_record::<B, M::Record>(bytes, &acc.device, &path)?;
+            saved.push(load_structure(&*self.model, record)?);
+        }
+        let full = acc.strategy.join_saved_models(saved)?;
+        Ok(Some(encode::<B, _>(full.into_record())?))
     }
 }
 
@@ -232,7 +260,7 @@ where
             };
             let path = dir.join(&model_file);
             let record = decode_record::<B, M::Record>(file(&model_file)?, &acc.device, &path)?;
-            let ids = param_ids(&load_checked(template, record)?);
+            let ids = param_ids(&load_structure(template, record)?);
             let index = ids
                 .iter()
                 .enumerate()
@@ -242,7 +270,9 @@ where
             ids_of_rank_0.get_or_insert(ids);
         }
         let ids = ids_of_rank_0.unwrap_or_default();
-        Ok(Some(merge_param_states(&records, &ids)?))
+        Ok(Some(
+            acc.strategy.join_saved_optimizer_records(&records, &ids)?,
+        ))
     }
 }
 

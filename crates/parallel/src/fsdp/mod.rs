@@ -10,6 +10,7 @@
 //! whose backward reduce-scatters the unit's gradient (mean over ranks) back to the shards.
 
 mod config;
+mod elastic;
 mod gather;
 mod layout;
 mod strategy;

@@ -108,6 +108,28 @@ where
         true
     }
 
+    /// A sharded state saved at another world size loads: the saved ranks' chunks are joined
+    /// into full tensors, then sharded for this one.
+    fn merges_rank_states(&self) -> bool {
+        true
+    }
+
+    fn saved_models_are_shards(&self) -> bool {
+        true
+    }
+
+    fn join_saved_models<M: AutodiffModule<B>>(&self, saved: Vec<M>) -> Result<M, ParallelError> {
+        self.join_saved_shards(saved)
+    }
+
+    fn join_saved_optimizer_records(
+        &self,
+        records: &[(Vec<u8>, HashMap<String, usize>)],
+        ids: &[String],
+    ) -> Result<Vec<u8>, ParallelError> {
+        self.join_saved_records(records, ids)
+    }
+
     /// Every state tensor of an element-wise optimizer is shaped like its parameter's shard:
     /// each is gathered like the parameter (one all-gather each, in layout order, the same on
     /// every rank whatever their `ParamId`s). Errors on every rank, before any gather, if the
