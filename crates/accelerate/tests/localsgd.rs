@@ -135,6 +135,7 @@ fn diloco_with_outer_lr_1_and_no_momentum_is_local_sgd() {
                 outer_lr: 1.0,
                 outer_momentum: 0.0,
                 nesterov: false,
+                ..Default::default()
             },
             ..config(Strategy::DiLoCo)
         },
@@ -178,13 +179,16 @@ fn train_until<O: burn::optim::Optimizer<Vit<B>, B>>(
     Ok(model)
 }
 
-/// DiLoCo (H = 3, AdamW inside) for 7 steps: straight, or saved after step 4 (mid-round,
-/// after one outer step with momentum) and resumed by new Accelerators.
-fn diloco_seven_steps(dir: Option<PathBuf>) -> Vec<Vec<f32>> {
+/// DiLoCo (`diloco`, AdamW inside) for 7 steps: straight, or saved after step 4 (after one
+/// outer step with momentum) and resumed by new Accelerators.
+fn diloco_seven_steps(diloco: DiLoCoConfig, dir: Option<PathBuf>) -> Vec<Vec<f32>> {
     let run = |load: Option<PathBuf>, save: Option<PathBuf>, until: u64, seed: u64| {
         let initial = vit(seed);
         Accelerator::<B>::launch(
-            config(Strategy::DiLoCo),
+            AcceleratorConfig {
+                diloco: diloco.clone(),
+                ..config(Strategy::DiLoCo)
+            },
             vec![Default::default(); 2],
             move |mut acc| -> Result<Vec<f32>, AccelerateError> {
                 let (mut model, mut optim) =
@@ -213,11 +217,30 @@ fn diloco_seven_steps(dir: Option<PathBuf>) -> Vec<Vec<f32>> {
 
 #[test]
 fn diloco_saved_mid_round_resumes_bitwise() {
+    // H = 3: saved at step 4, mid-round.
+    resumes_bitwise(config(Strategy::DiLoCo).diloco, "diloco");
+}
+
+#[test]
+fn streaming_diloco_saved_with_an_exchange_in_flight_resumes_bitwise() {
+    // 2 fragments every 2 steps, applied 1 step later: at step 4 fragment 1's outer gradient
+    // is exchanged and not yet applied when the state is saved.
+    let streaming = DiLoCoConfig {
+        sync_every: 4,
+        fragments: 2,
+        delay: 1,
+        mixing: Some(0.5),
+        ..Default::default()
+    };
+    resumes_bitwise(streaming, "streaming");
+}
+
+fn resumes_bitwise(diloco: DiLoCoConfig, name: &str) {
     let _rng = rng_lock();
-    let dir = std::env::temp_dir().join(format!("afterburner-diloco-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("afterburner-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let straight = diloco_seven_steps(None);
-    let resumed = diloco_seven_steps(Some(dir.clone()));
+    let straight = diloco_seven_steps(diloco.clone(), None);
+    let resumed = diloco_seven_steps(diloco, Some(dir.clone()));
     for rank in 0..2 {
         let differing = straight[rank]
             .iter()
@@ -295,6 +318,7 @@ fn diloco_continues_a_local_sgd_save_from_the_loaded_weights() {
             outer_lr: 1.0,
             outer_momentum: 0.0,
             nesterov: false,
+            ..Default::default()
         },
         ..config(Strategy::DiLoCo)
     };

@@ -2,6 +2,8 @@
 //! (`[diloco]`), as config-file tables: unknown keys are errors, missing ones take the defaults.
 
 use afterburner_parallel::ParallelError;
+
+use crate::OuterDtype;
 use serde::{Deserialize, Serialize};
 
 /// Local SGD settings: the `[local_sgd]` table.
@@ -46,6 +48,23 @@ pub struct DiLoCoConfig {
     pub outer_momentum: f64,
     /// Nesterov momentum. Default true.
     pub nesterov: bool,
+    /// Streaming DiLoCo: the parameters are split into this many fragments (P, parameters
+    /// strided in visit order), and every `sync_every / fragments` steps the next one syncs,
+    /// so each fragment syncs every `sync_every` steps and the peak bytes of an exchange drop
+    /// P times. Default 1 (DiLoCo). Must divide `sync_every`.
+    pub fragments: usize,
+    /// Streaming DiLoCo: inner steps between a fragment's exchange and its outer step (tau):
+    /// the outer gradient is exchanged at one step and applied `delay` steps later, merged
+    /// into parameters that kept training. Default 0; below `sync_every / fragments`.
+    pub delay: usize,
+    /// Weight of the new global fragment merged into the local one after an outer step:
+    /// `local = (1 - mixing) * local + mixing * global`. Default: 1 (replace, as DiLoCo) with
+    /// one fragment and no delay, else 0.5 (the paper's alpha).
+    pub mixing: Option<f64>,
+    /// Format of the outer gradients on the wire: "f32" (default, one all-reduce), "bf16",
+    /// "f16" (2 bytes a value) or "int8" (about 1.35 bytes a value, one scale per 256 values);
+    /// the low-precision ones are all-gathered and summed in f32.
+    pub outer_dtype: OuterDtype,
 }
 
 impl Default for DiLoCoConfig {
@@ -55,11 +74,24 @@ impl Default for DiLoCoConfig {
             outer_lr: 0.7,
             outer_momentum: 0.9,
             nesterov: true,
+            fragments: 1,
+            delay: 0,
+            mixing: None,
+            outer_dtype: OuterDtype::F32,
         }
     }
 }
 
 impl DiLoCoConfig {
+    /// The mixing weight in effect (see [`mixing`](Self::mixing)).
+    pub fn mixing(&self) -> f64 {
+        self.mixing
+            .unwrap_or(match self.fragments == 1 && self.delay == 0 {
+                true => 1.0,
+                false => 0.5,
+            })
+    }
+
     /// Checks every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), ParallelError> {
         let invalid = |field, value: String, expected| {
@@ -85,6 +117,25 @@ impl DiLoCoConfig {
                 self.outer_momentum.to_string(),
                 "a number in [0, 1)",
             );
+        }
+        if self.fragments == 0 || !self.sync_every.is_multiple_of(self.fragments) {
+            return invalid(
+                "diloco.fragments",
+                self.fragments.to_string(),
+                "at least 1 and a divisor of sync_every",
+            );
+        }
+        if self.delay >= (self.sync_every / self.fragments).max(1) {
+            return invalid(
+                "diloco.delay",
+                self.delay.to_string(),
+                "fewer steps than sync_every / fragments (one exchange in flight at a time)",
+            );
+        }
+        if let Some(mixing) = self.mixing
+            && !(0.0..=1.0).contains(&mixing)
+        {
+            return invalid("diloco.mixing", mixing.to_string(), "a number in [0, 1]");
         }
         if self.nesterov && self.outer_momentum == 0.0 {
             return invalid(
@@ -114,6 +165,33 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("diloco.outer_momentum"), "{err}");
+        let c: DiLoCoConfig = serde_json::from_str(
+            r#"{"sync_every": 8, "fragments": 4, "delay": 1, "outer_dtype": "bf16"}"#,
+        )
+        .unwrap();
+        assert_eq!((c.fragments, c.delay, c.mixing()), (4, 1, 0.5));
+        assert_eq!(c.outer_dtype, crate::OuterDtype::Bf16);
+        assert_eq!(
+            DiLoCoConfig::default().mixing(),
+            1.0,
+            "plain DiLoCo replaces"
+        );
+        for (bad, field) in [
+            (r#"{"sync_every": 10, "fragments": 4}"#, "diloco.fragments"),
+            (
+                r#"{"sync_every": 8, "fragments": 4, "delay": 2}"#,
+                "diloco.delay",
+            ),
+            (r#"{"mixing": 1.5}"#, "diloco.mixing"),
+        ] {
+            let c: DiLoCoConfig = serde_json::from_str(bad).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{bad}: {err}");
+        }
+        let err = serde_json::from_str::<DiLoCoConfig>(r#"{"outer_dtype": "int4"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("int8"), "{err}");
         let err = LocalSgdConfig { local_sgd_steps: 0 }
             .validate()
             .unwrap_err()

@@ -1,5 +1,6 @@
 //! [`DiLoCo`]: Local SGD whose sync is an outer optimizer step on a global copy of the
-//! parameters along the averaged pseudo-gradient `global - local`.
+//! parameters along the averaged pseudo-gradient `global - local`; with `fragments`, `delay`
+//! and `mixing`, Streaming DiLoCo.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -11,6 +12,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::fragments::Fragments;
 use crate::local_sgd::any_rank;
 use crate::{DiLoCoConfig, OuterSgd};
 
@@ -18,30 +20,53 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
 /// DiLoCo over a process group (Douillard et al. 2023): rank 0's parameters at setup, kept
 /// as the global copy; every rank takes `sync_every` inner steps alone; then the
-/// pseudo-gradients `global - local` are averaged (one all-reduce), the outer optimizer steps
-/// the global copy, and every rank continues from it. The global copy and the outer momentum
-/// are saved with the training state; the inner optimizer state stays each rank's own.
+/// pseudo-gradients `global - local` are averaged, the outer optimizer steps the global copy,
+/// and every rank continues from it. The global copy and the outer momentum are saved with the
+/// training state; the inner optimizer state stays each rank's own.
+///
+/// Streaming DiLoCo (Douillard et al. 2025) when `fragments` P > 1, `delay` tau > 0 or
+/// `mixing` alpha < 1: the parameters are split into P fragments, and every `sync_every / P`
+/// steps the next fragment (round robin) exchanges its outer gradient; the outer step on that
+/// fragment lands `delay` steps later (the result of an exchange started earlier), and the new
+/// global fragment is merged into the local one as `(1 - alpha) local + alpha global`. Outer
+/// gradients travel as `outer_dtype` (f32, bf16, f16 or int8).
 pub struct DiLoCo<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     group: G,
     config: DiLoCoConfig,
     /// The global parameters (flat f32), set at setup.
     global: Mutex<Option<Tensor<Inner<B>, 1>>>,
-    outer: OuterSgd<Inner<B>>,
+    /// The fragments of the model set up first.
+    fragments: Mutex<Option<Fragments>>,
+    /// One outer optimizer per fragment (its momentum covers that fragment's values).
+    outer: Vec<OuterSgd<Inner<B>>>,
+    /// An exchanged outer gradient whose outer step is still to come.
+    pending: Option<Pending<Inner<B>>>,
     syncs: u64,
     /// The step `finish` last synced at (a second call is a no-op).
     finished_at: Option<u64>,
+}
+
+/// An outer gradient exchanged at one step, applied `delay` steps later.
+struct Pending<B: burn::tensor::backend::Backend> {
+    fragment: usize,
+    apply_at: u64,
+    gradient: Tensor<B, 1>,
 }
 
 impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
     /// DiLoCo over `group`; errors on an invalid config.
     pub fn new(group: G, config: DiLoCoConfig) -> Result<Self, ParallelError> {
         config.validate()?;
-        let outer = OuterSgd::new(config.outer_lr, config.outer_momentum, config.nesterov);
+        let outer = (0..config.fragments)
+            .map(|_| OuterSgd::new(config.outer_lr, config.outer_momentum, config.nesterov))
+            .collect();
         Ok(Self {
             group,
             config,
             global: Mutex::new(None),
+            fragments: Mutex::new(None),
             outer,
+            pending: None,
             syncs: 0,
             finished_at: None,
         })
@@ -52,7 +77,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
         &self.config
     }
 
-    /// Outer steps so far (one all-reduce each).
+    /// Outer steps so far (one exchange each; a fragment's under Streaming DiLoCo).
     pub fn syncs(&self) -> u64 {
         self.syncs
     }
@@ -64,11 +89,26 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
             .clone()
     }
 
-    /// The outer step: every rank's model becomes the new global parameters.
-    fn sync<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, ParallelError> {
-        let Some(local) = flat_params::<B, M>(&model) else {
-            return Ok(model);
-        };
+    fn set_global(&self, global: Tensor<Inner<B>, 1>) {
+        *self.global.lock().unwrap_or_else(PoisonError::into_inner) = Some(global);
+    }
+
+    fn fragments(&self) -> Result<Fragments, ParallelError> {
+        self.fragments
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(not_set_up)
+    }
+
+    /// Steps between two exchanges (one fragment each).
+    fn interval(&self) -> u64 {
+        (self.config.sync_every / self.config.fragments) as u64
+    }
+
+    /// This rank's parameters, flat, checked against the global copy.
+    fn local(&self, model: &impl AutodiffModule<B>) -> Result<Tensor<Inner<B>, 1>, ParallelError> {
+        let local = flat_params::<B, _>(model).ok_or_else(not_set_up)?;
         let global = self.global().ok_or_else(not_set_up)?;
         if global.dims() != local.dims() {
             return Err(ParallelError::Mismatch {
@@ -81,13 +121,73 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
                 ),
             });
         }
-        let pseudo_gradient = self
-            .group
-            .all_reduce(global.clone() - local, ReduceOp::Mean)?;
-        let global = self.outer.step(global, pseudo_gradient);
-        *self.global.lock().unwrap_or_else(PoisonError::into_inner) = Some(global.clone());
+        Ok(local)
+    }
+
+    /// Fragment `p`'s outer gradient `global - local`, averaged over the ranks in the
+    /// configured format (the exchange).
+    fn exchange<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        p: usize,
+    ) -> Result<Tensor<Inner<B>, 1>, ParallelError> {
+        let local = self.local(model)?;
+        let global = self.global().ok_or_else(not_set_up)?;
+        let fragments = self.fragments()?;
+        let gradient = fragments.gather(&global, p) - fragments.gather(&local, p);
+        self.config.outer_dtype.mean(&self.group, gradient)
+    }
+
+    /// The outer step on fragment `p` along `gradient`, then the new global fragment merged
+    /// into the model with weight `mixing`.
+    fn apply<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        p: usize,
+        gradient: Tensor<Inner<B>, 1>,
+        mixing: f64,
+    ) -> Result<M, ParallelError> {
+        let fragments = self.fragments()?;
+        let global = self.global().ok_or_else(not_set_up)?;
+        let new = self.outer[p].step(fragments.gather(&global, p), gradient);
+        self.set_global(fragments.scatter(global, p, new.clone()));
         self.syncs += 1;
-        Ok(with_flat_params::<B, M>(model, global))
+        let local = self.local(&model)?;
+        let merged = match mixing == 1.0 {
+            true => new,
+            false => fragments.gather(&local, p).mul_scalar(1.0 - mixing) + new.mul_scalar(mixing),
+        };
+        Ok(with_flat_params::<B, M>(
+            model,
+            fragments.scatter(local, p, merged),
+        ))
+    }
+
+    /// Applies the pending outer step if it is due at `step` (or at any step, with `None`).
+    fn apply_pending<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        step: Option<u64>,
+    ) -> Result<M, ParallelError> {
+        let due = self
+            .pending
+            .as_ref()
+            .is_some_and(|p| step.is_none_or(|s| s == p.apply_at));
+        match (due, self.pending.take()) {
+            (true, Some(pending)) => {
+                let mixing = self.config.mixing();
+                self.apply(model, pending.fragment, pending.gradient, mixing)
+            }
+            (_, pending) => {
+                self.pending = pending;
+                Ok(model)
+            }
+        }
+    }
+
+    /// Whether this is plain DiLoCo (one fragment, no delay, replace).
+    fn is_plain(&self) -> bool {
+        self.config.fragments == 1 && self.config.delay == 0 && self.config.mixing() == 1.0
     }
 }
 
@@ -107,6 +207,15 @@ fn values<B: burn::tensor::backend::Backend>(t: &Tensor<B, 1>) -> Result<Vec<f32
         .map_err(|e| ParallelError::Record(format!("DiLoCo state tensor: {e:?}")))
 }
 
+/// The state name of fragment `p`'s outer momentum (`outer_momentum` with one fragment, as
+/// DiLoCo has always saved it).
+fn momentum_name(p: usize, fragments: usize) -> String {
+    match fragments {
+        1 => "outer_momentum".to_string(),
+        _ => format!("outer_momentum.{p}"),
+    }
+}
+
 impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLoCo<B, G> {
     fn name(&self) -> &'static str {
         "diloco"
@@ -123,6 +232,11 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         let mut global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
         if global.is_none() {
             *global = flat_params::<B, M>(&model);
+            *self
+                .fragments
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) =
+                Some(Fragments::of_model(&model, self.config.fragments));
         }
         Ok(model)
     }
@@ -136,31 +250,58 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         model: M,
         step: u64,
     ) -> Result<M, ParallelError> {
-        match step.is_multiple_of(self.config.sync_every as u64) {
-            true => self.sync(model),
-            false => Ok(model),
+        let model = self.apply_pending(model, Some(step))?;
+        let interval = self.interval();
+        if !step.is_multiple_of(interval) {
+            return Ok(model);
+        }
+        let p = ((step / interval - 1) % self.config.fragments as u64) as usize;
+        let gradient = self.exchange(&model, p)?;
+        match self.config.delay {
+            0 => self.apply(model, p, gradient, self.config.mixing()),
+            delay => {
+                self.pending = Some(Pending {
+                    fragment: p,
+                    apply_at: step + delay as u64,
+                    gradient,
+                });
+                Ok(model)
+            }
         }
     }
 
-    /// A last outer step unless the last step (or an earlier `finish`) just synced.
+    /// Ends training with every rank on the global parameters: plain DiLoCo takes a last
+    /// outer step unless the last step (or an earlier `finish`) just synced; Streaming DiLoCo
+    /// applies a pending outer step, then syncs every fragment once more and replaces the
+    /// local parameters by the global ones.
     fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
-        if steps.is_multiple_of(self.config.sync_every as u64) || self.finished_at == Some(steps) {
+        if self.finished_at == Some(steps) {
+            return Ok(model);
+        }
+        if self.is_plain() && steps.is_multiple_of(self.config.sync_every as u64) {
             return Ok(model);
         }
         self.finished_at = Some(steps);
-        self.sync(model)
+        let mut model = self.apply_pending(model, None)?;
+        for p in 0..self.config.fragments {
+            let gradient = self.exchange(&model, p)?;
+            model = self.apply(model, p, gradient, 1.0)?;
+        }
+        Ok(model)
     }
 
     /// The ranks' mean of a loaded model (their parts may differ, e.g. a Local SGD save in
-    /// the middle of a period) is the new global copy, with no momentum, unless the state
-    /// carries DiLoCo's own (restored right after, overriding this). One all-reduce.
+    /// the middle of a period) is the new global copy, with no momentum and nothing pending,
+    /// unless the state carries DiLoCo's own (restored right after, overriding this). One
+    /// all-reduce.
     fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
         let global = match flat_params::<B, M>(model) {
             Some(flat) => Some(self.group.all_reduce(flat, ReduceOp::Mean)?),
             None => None,
         };
         *self.global.lock().unwrap_or_else(PoisonError::into_inner) = global;
-        self.outer.buffer = None;
+        self.outer.iter_mut().for_each(|outer| outer.buffer = None);
+        self.pending = None;
         self.syncs = 0;
         Ok(())
     }
@@ -174,28 +315,52 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         if let Some(global) = self.global() {
             tensors.push(("global".to_string(), values(&global)?));
         }
-        if let Some(buffer) = &self.outer.buffer {
-            tensors.push(("outer_momentum".to_string(), values(buffer)?));
+        for (p, outer) in self.outer.iter().enumerate() {
+            if let Some(buffer) = &outer.buffer {
+                tensors.push((momentum_name(p, self.outer.len()), values(buffer)?));
+            }
         }
-        Ok(StrategyState {
-            tensors,
-            counters: vec![("syncs".to_string(), self.syncs)],
-        })
+        let mut counters = vec![("syncs".to_string(), self.syncs)];
+        if let Some(pending) = &self.pending {
+            tensors.push(("pending_gradient".to_string(), values(&pending.gradient)?));
+            counters.push(("pending_fragment".to_string(), pending.fragment as u64));
+            counters.push(("pending_apply_at".to_string(), pending.apply_at));
+        }
+        Ok(StrategyState { tensors, counters })
     }
 
     fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
         let expected = self.global().ok_or_else(not_set_up)?.dims()[0];
+        let fragments = self.fragments()?;
+        let count = fragments.count();
+        let pending_fragment = state
+            .counters
+            .iter()
+            .find(|(n, _)| n == "pending_fragment")
+            .map(|(_, p)| *p as usize);
         for (name, values) in &state.tensors {
-            if !matches!(name.as_str(), "global" | "outer_momentum") {
-                return Err(ParallelError::Record(format!(
-                    "DiLoCo state: unknown tensor '{name}'"
-                )));
-            }
-            if values.len() != expected {
-                return Err(ParallelError::Record(format!(
-                    "DiLoCo state: '{name}' holds {} values, the model has {expected}",
-                    values.len()
-                )));
+            let want = match name.as_str() {
+                "global" => Some(expected),
+                "pending_gradient" => pending_fragment
+                    .filter(|p| *p < count)
+                    .map(|p| fragments.len(p)),
+                _ => (0..count)
+                    .find(|p| momentum_name(*p, count) == *name)
+                    .map(|p| fragments.len(p)),
+            };
+            match want {
+                None => {
+                    return Err(ParallelError::Record(format!(
+                        "DiLoCo state: unexpected tensor '{name}' for {count} fragment(s)"
+                    )));
+                }
+                Some(want) if want != values.len() => {
+                    return Err(ParallelError::Record(format!(
+                        "DiLoCo state: '{name}' holds {} values, expected {want}",
+                        values.len()
+                    )));
+                }
+                Some(_) => {}
             }
         }
         Ok(())
@@ -207,11 +372,33 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         };
         let tensor = |values: &[f32]| Tensor::<Inner<B>, 1>::from_floats(values, &device);
         if let Some(global) = state.tensor("global") {
-            *self.global.lock().unwrap_or_else(PoisonError::into_inner) = Some(tensor(global));
+            self.set_global(tensor(global));
         }
-        self.outer.buffer = state.tensor("outer_momentum").map(tensor);
-        if let Some((_, syncs)) = state.counters.iter().find(|(n, _)| n == "syncs") {
-            self.syncs = *syncs;
+        let count = self.outer.len();
+        for (p, outer) in self.outer.iter_mut().enumerate() {
+            outer.buffer = state.tensor(&momentum_name(p, count)).map(tensor);
         }
+        let counter = |name: &str| {
+            state
+                .counters
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| *v)
+        };
+        if let Some(syncs) = counter("syncs") {
+            self.syncs = syncs;
+        }
+        self.pending = match (
+            state.tensor("pending_gradient"),
+            counter("pending_fragment"),
+            counter("pending_apply_at"),
+        ) {
+            (Some(gradient), Some(fragment), Some(apply_at)) => Some(Pending {
+                fragment: fragment as usize,
+                apply_at,
+                gradient: tensor(gradient),
+            }),
+            _ => None,
+        };
     }
 }

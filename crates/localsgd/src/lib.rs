@@ -10,16 +10,22 @@
 //!
 //! Both are [`TrainingStrategy`](afterburner_parallel::TrainingStrategy)s: the `afterburner`
 //! Accelerator runs them with `strategy = "local-sgd"` or `"diloco"`, or call their phases from
-//! your own loop. Streaming DiLoCo comes later.
+//! your own loop. With `fragments`, `delay` and `mixing` DiLoCo becomes Streaming DiLoCo
+//! (Douillard et al. 2025), its outer gradients sent as f32, bf16, f16 or int8
+//! ([`OuterDtype`]).
 
 #![warn(missing_docs)]
 
+mod codec;
 mod config;
 mod diloco;
+mod fragments;
 mod local_sgd;
 mod outer;
 
+pub use codec::OuterDtype;
 pub use config::{DiLoCoConfig, LocalSgdConfig};
 pub use diloco::DiLoCo;
+pub use fragments::Fragments;
 pub use local_sgd::LocalSgd;
 pub use outer::OuterSgd;

@@ -12,7 +12,7 @@ use burn::tensor::backend::Backend;
 use crate::{ParallelError, ProcessGroup, ReduceOp};
 
 /// Wraps an engine: before each collective this rank sleeps `latency + bytes / bandwidth`
-/// (4 bytes per value it sends) and counts the bytes.
+/// (the bytes of the values it sends, in their dtype) and counts the bytes.
 pub struct SlowLink<G> {
     engine: G,
     latency: Duration,
@@ -36,8 +36,8 @@ impl<G> SlowLink<G> {
         self.sent.clone()
     }
 
-    fn pay(&self, values: usize) {
-        let bytes = 4 * values as u64;
+    fn pay(&self, values: usize, value_bytes: usize) {
+        let bytes = (value_bytes * values) as u64;
         self.sent.fetch_add(bytes, Ordering::Relaxed);
         let transfer = Duration::from_secs_f64(bytes as f64 / self.bytes_per_second);
         std::thread::sleep(self.latency + transfer);
@@ -58,7 +58,7 @@ impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for SlowLink<G> {
     }
 
     fn all_reduce(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
-        self.pay(len(&t));
+        self.pay(len(&t), t.dtype().size());
         self.engine.all_reduce(t, op)
     }
 
@@ -67,22 +67,25 @@ impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for SlowLink<G> {
         t: Option<Tensor<B, 1>>,
         root: usize,
     ) -> Result<Tensor<B, 1>, ParallelError> {
-        self.pay(t.as_ref().map_or(0, len));
+        self.pay(
+            t.as_ref().map_or(0, len),
+            t.as_ref().map_or(4, |t| t.dtype().size()),
+        );
         self.engine.broadcast(t, root)
     }
 
     fn all_gather(&self, t: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
-        self.pay(len(&t));
+        self.pay(len(&t), t.dtype().size());
         self.engine.all_gather(t)
     }
 
     fn reduce_scatter(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
-        self.pay(len(&t));
+        self.pay(len(&t), t.dtype().size());
         self.engine.reduce_scatter(t, op)
     }
 
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
-        self.pay(0);
+        self.pay(0, 4);
         self.engine.barrier(device)
     }
 }
