@@ -9,11 +9,13 @@
 //! --batch-size N (per worker), --strategy ddp|zero-1|fsdp|local-sgd|diloco (fsdp: one unit
 //! per transformer block, parameters, gradients and optimizer state sharded across the
 //! workers; local-sgd: parameters averaged every --local-sgd-steps N optimizer steps, default
-//! 8; diloco: an outer Nesterov step every --sync-every N steps, default 50).
+//! 8; diloco: an outer Nesterov step every --sync-every N steps, default 50; Streaming DiLoCo
+//! with --fragments P, --delay TAU, --mixing ALPHA and --outer-dtype f32|bf16|f16|int8).
 //!
 //! ```text
 //! cargo run --release --example ddp -- --strategy local-sgd --local-sgd-steps 8
 //! cargo run --release --example ddp -- --strategy diloco --sync-every 50
+//! cargo run --release --example ddp -- --strategy diloco --sync-every 50 --fragments 5 --delay 5
 //! ```
 //!
 //! With `--mpi` (build with `--features mpi`) each process started by `mpirun` is one rank
@@ -48,7 +50,13 @@ const BATCHER: ImageBatcher = ImageBatcher {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut workers, mut epochs, mut batch_size, mut strategy) = (2, 10, 32, Strategy::Ddp);
     let mut mpi = false;
-    let (mut local_sgd_steps, mut sync_every) = (8, 50);
+    let (mut local_sgd_steps, mut diloco) = (
+        8,
+        DiLoCoConfig {
+            sync_every: 50,
+            ..Default::default()
+        },
+    );
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--mpi" {
@@ -62,7 +70,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--batch-size" => batch_size = value.parse()?,
             "--strategy" => strategy = value.parse()?,
             "--local-sgd-steps" => local_sgd_steps = value.parse()?,
-            "--sync-every" => sync_every = value.parse()?,
+            "--sync-every" => diloco.sync_every = value.parse()?,
+            "--fragments" => diloco.fragments = value.parse()?,
+            "--delay" => diloco.delay = value.parse()?,
+            "--mixing" => diloco.mixing = Some(value.parse()?),
+            "--outer-dtype" => diloco.outer_dtype = value.parse()?,
             other => return Err(format!("unknown option '{other}' (see the file's header)").into()),
         }
     }
@@ -75,10 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         },
         local_sgd: LocalSgdConfig { local_sgd_steps },
-        diloco: DiLoCoConfig {
-            sync_every,
-            ..Default::default()
-        },
+        diloco,
         ..Default::default()
     };
     // Flex keeps one RNG per process: build the model once, before the workers start.

@@ -14,6 +14,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::fragments::Fragments;
 use crate::local_sgd::any_rank;
+use crate::overlap::Overlapped;
 use crate::{DiLoCoConfig, OuterSgd};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -27,11 +28,12 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 /// Streaming DiLoCo (Douillard et al. 2025) when `fragments` P > 1, `delay` tau > 0 or
 /// `mixing` alpha < 1: the parameters are split into P fragments, and every `sync_every / P`
 /// steps the next fragment (round robin) exchanges its outer gradient; the outer step on that
-/// fragment lands `delay` steps later (the result of an exchange started earlier), and the new
-/// global fragment is merged into the local one as `(1 - alpha) local + alpha global`. Outer
+/// fragment lands `delay` steps later, and the new global fragment is merged into the local
+/// one as `(1 - alpha) local + alpha global`. A delayed exchange runs on a background thread
+/// while the next inner steps compute (any other collective waits for it first). Outer
 /// gradients travel as `outer_dtype` (f32, bf16, f16 or int8).
 pub struct DiLoCo<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
-    group: G,
+    group: Overlapped<Inner<B>, G>,
     config: DiLoCoConfig,
     /// The global parameters (flat f32), set at setup.
     global: Mutex<Option<Tensor<Inner<B>, 1>>>,
@@ -39,29 +41,34 @@ pub struct DiLoCo<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     fragments: Mutex<Option<Fragments>>,
     /// One outer optimizer per fragment (its momentum covers that fragment's values).
     outer: Vec<OuterSgd<Inner<B>>>,
-    /// An exchanged outer gradient whose outer step is still to come.
-    pending: Option<Pending<Inner<B>>>,
+    /// An exchange whose outer step is still to come.
+    pending: Option<Pending>,
     syncs: u64,
     /// The step `finish` last synced at (a second call is a no-op).
     finished_at: Option<u64>,
 }
 
-/// An outer gradient exchanged at one step, applied `delay` steps later.
-struct Pending<B: burn::tensor::backend::Backend> {
+/// An exchange started at one step (its result in the group's background slot), applied
+/// `delay` steps later.
+struct Pending {
     fragment: usize,
     apply_at: u64,
-    gradient: Tensor<B, 1>,
 }
 
-impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
-    /// DiLoCo over `group`; errors on an invalid config.
+impl<B, G> DiLoCo<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + Clone + Send + 'static,
+{
+    /// DiLoCo over `group` (cloned onto the exchange thread of a delayed exchange); errors on
+    /// an invalid config.
     pub fn new(group: G, config: DiLoCoConfig) -> Result<Self, ParallelError> {
         config.validate()?;
         let outer = (0..config.fragments)
             .map(|_| OuterSgd::new(config.outer_lr, config.outer_momentum, config.nesterov))
             .collect();
         Ok(Self {
-            group,
+            group: Overlapped::new(group),
             config,
             global: Mutex::new(None),
             fragments: Mutex::new(None),
@@ -124,9 +131,8 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
         Ok(local)
     }
 
-    /// Fragment `p`'s outer gradient `global - local`, averaged over the ranks in the
-    /// configured format (the exchange).
-    fn exchange<M: AutodiffModule<B>>(
+    /// Fragment `p`'s outer gradient `global - local` on this rank.
+    fn outer_gradient<M: AutodiffModule<B>>(
         &self,
         model: &M,
         p: usize,
@@ -134,7 +140,17 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
         let local = self.local(model)?;
         let global = self.global().ok_or_else(not_set_up)?;
         let fragments = self.fragments()?;
-        let gradient = fragments.gather(&global, p) - fragments.gather(&local, p);
+        Ok(fragments.gather(&global, p) - fragments.gather(&local, p))
+    }
+
+    /// Fragment `p`'s outer gradient averaged over the ranks in the configured format (the
+    /// exchange), now.
+    fn exchange<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        p: usize,
+    ) -> Result<Tensor<Inner<B>, 1>, ParallelError> {
+        let gradient = self.outer_gradient(model, p)?;
         self.config.outer_dtype.mean(&self.group, gradient)
     }
 
@@ -175,8 +191,16 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> DiLoCo<B, G> {
             .is_some_and(|p| step.is_none_or(|s| s == p.apply_at));
         match (due, self.pending.take()) {
             (true, Some(pending)) => {
+                let gradient = self
+                    .group
+                    .take()
+                    .ok_or_else(|| ParallelError::Collective {
+                        op: "exchange",
+                        rank: self.group.rank(),
+                        reason: "the delayed exchange has no result".into(),
+                    })??;
                 let mixing = self.config.mixing();
-                self.apply(model, pending.fragment, pending.gradient, mixing)
+                self.apply(model, pending.fragment, gradient, mixing)
             }
             (_, pending) => {
                 self.pending = pending;
@@ -216,7 +240,11 @@ fn momentum_name(p: usize, fragments: usize) -> String {
     }
 }
 
-impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLoCo<B, G> {
+impl<B, G> TrainingStrategy<B> for DiLoCo<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + Clone + Send + 'static,
+{
     fn name(&self) -> &'static str {
         "diloco"
     }
@@ -242,7 +270,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
     }
 
     fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
-        any_rank::<B, G>(&self.group, skip, device)
+        any_rank::<B, _>(&self.group, skip, device)
     }
 
     fn after_optimizer_step<M: AutodiffModule<B>>(
@@ -256,14 +284,17 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
             return Ok(model);
         }
         let p = ((step / interval - 1) % self.config.fragments as u64) as usize;
-        let gradient = self.exchange(&model, p)?;
         match self.config.delay {
-            0 => self.apply(model, p, gradient, self.config.mixing()),
+            0 => {
+                let gradient = self.exchange(&model, p)?;
+                self.apply(model, p, gradient, self.config.mixing())
+            }
             delay => {
+                let (gradient, dtype) = (self.outer_gradient(&model, p)?, self.config.outer_dtype);
+                self.group.start(move |group| dtype.mean(group, gradient));
                 self.pending = Some(Pending {
                     fragment: p,
                     apply_at: step + delay as u64,
-                    gradient,
                 });
                 Ok(model)
             }
@@ -301,6 +332,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         };
         *self.global.lock().unwrap_or_else(PoisonError::into_inner) = global;
         self.outer.iter_mut().for_each(|outer| outer.buffer = None);
+        let _ = self.group.take(); // an exchange of the run before the load
         self.pending = None;
         self.syncs = 0;
         Ok(())
@@ -322,7 +354,15 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         }
         let mut counters = vec![("syncs".to_string(), self.syncs)];
         if let Some(pending) = &self.pending {
-            tensors.push(("pending_gradient".to_string(), values(&pending.gradient)?));
+            let gradient = self
+                .group
+                .peek()
+                .ok_or_else(|| ParallelError::Collective {
+                    op: "exchange",
+                    rank: self.group.rank(),
+                    reason: "the delayed exchange has no result".into(),
+                })??;
+            tensors.push(("pending_gradient".to_string(), values(&gradient)?));
             counters.push(("pending_fragment".to_string(), pending.fragment as u64));
             counters.push(("pending_apply_at".to_string(), pending.apply_at));
         }
@@ -388,16 +428,19 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for DiLo
         if let Some(syncs) = counter("syncs") {
             self.syncs = syncs;
         }
+        let _ = self.group.take(); // an exchange of the run before the load
         self.pending = match (
             state.tensor("pending_gradient"),
             counter("pending_fragment"),
             counter("pending_apply_at"),
         ) {
-            (Some(gradient), Some(fragment), Some(apply_at)) => Some(Pending {
-                fragment: fragment as usize,
-                apply_at,
-                gradient: tensor(gradient),
-            }),
+            (Some(gradient), Some(fragment), Some(apply_at)) => {
+                self.group.set_done(Some(Ok(tensor(gradient))));
+                Some(Pending {
+                    fragment: fragment as usize,
+                    apply_at,
+                })
+            }
             _ => None,
         };
     }

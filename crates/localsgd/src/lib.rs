@@ -22,6 +22,7 @@ mod diloco;
 mod fragments;
 mod local_sgd;
 mod outer;
+mod overlap;
 
 pub use codec::OuterDtype;
 pub use config::{DiLoCoConfig, LocalSgdConfig};

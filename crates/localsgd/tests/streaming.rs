@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use afterburner_localsgd::{DiLoCo, DiLoCoConfig, OuterDtype};
 use afterburner_parallel::{
-    LaunchConfig, SlowLink, TrainingStrategy, flat_params, launch, with_flat_params,
+    LaunchConfig, SharedGroup, SlowLink, TrainingStrategy, flat_params, launch, with_flat_params,
 };
 use burn::backend::{Autodiff, Flex};
 use burn::nn::{Linear, LinearConfig};
@@ -38,7 +38,8 @@ fn run(config: DiLoCoConfig) -> Vec<(Vec<Vec<f32>>, Vec<f32>, u64)> {
         let rank = group_rank(&group);
         let link = SlowLink::new(group, Duration::ZERO, 1e12);
         let sent = link.bytes_sent();
-        let mut diloco = DiLoCo::<B, _>::new(link, config.clone()).map_err(|e| e.to_string())?;
+        let mut diloco = DiLoCo::<B, _>::new(SharedGroup::new(link), config.clone())
+            .map_err(|e| e.to_string())?;
         let mut model = diloco.setup(model.clone()).map_err(|e| e.to_string())?;
         let after_setup = sent.load(Ordering::Relaxed);
         let mut trajectory = Vec::new();

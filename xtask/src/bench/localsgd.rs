@@ -1,4 +1,5 @@
-//! The localsgd suite: DDP vs Local SGD (K = 8) vs DiLoCo (H = 50) at the same optimizer
+//! The localsgd suite: DDP vs Local SGD (K = 8) vs DiLoCo (H = 50) vs Streaming DiLoCo (H = 50,
+//! 5 fragments, exchanges overlapped with 5 inner steps; f32 and int8) at the same optimizer
 //! steps, on 2 and 4 in-process workers behind a slow link (`SlowLink`: a latency and a
 //! bandwidth per collective, as real sleeps): wall time, bytes each rank sent, final training
 //! loss and test accuracy on the built-in digits. Writes `bench-results/localsgd-<backend>.*`.
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use afterburner::demos::models::VitConfig;
 use afterburner::demos::{ImageDataset, digits};
-use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
+use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig, OuterDtype};
 use afterburner::parallel::{LaunchConfig, SlowLink, launch};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::backend::Autodiff;
@@ -42,6 +43,7 @@ type RankResult = (u64, f64, f64);
 
 fn run<I: Backend>(
     strategy: Strategy,
+    diloco: DiLoCoConfig,
     workers: usize,
     o: &Options,
     train: &ImageDataset,
@@ -54,10 +56,7 @@ where
     let config = AcceleratorConfig {
         strategy,
         local_sgd: LocalSgdConfig { local_sgd_steps: 8 },
-        diloco: DiLoCoConfig {
-            sync_every: 50,
-            ..Default::default()
-        },
+        diloco,
         ..Default::default()
     };
     let device = I::Device::default();
@@ -110,13 +109,34 @@ where
 {
     let (train, test) = digits::load().map_err(|e| e.to_string())?.split(0.2, 0);
     let mut rows = Vec::new();
+    let diloco = DiLoCoConfig {
+        sync_every: 50,
+        ..Default::default()
+    };
+    let streaming = |outer_dtype| DiLoCoConfig {
+        fragments: 5,
+        delay: 5,
+        outer_dtype,
+        ..diloco.clone()
+    };
     for workers in [2, 4] {
-        for (name, strategy) in [
-            ("ddp", Strategy::Ddp),
-            ("local-sgd K=8", Strategy::LocalSgd),
-            ("diloco H=50", Strategy::DiLoCo),
+        for (name, strategy, diloco) in [
+            ("ddp", Strategy::Ddp, diloco.clone()),
+            ("local-sgd K=8", Strategy::LocalSgd, diloco.clone()),
+            ("diloco H=50", Strategy::DiLoCo, diloco.clone()),
+            (
+                "streaming H=50 P=5 tau=5 f32",
+                Strategy::DiLoCo,
+                streaming(OuterDtype::F32),
+            ),
+            (
+                "streaming H=50 P=5 tau=5 int8",
+                Strategy::DiLoCo,
+                streaming(OuterDtype::Int8),
+            ),
         ] {
-            let (seconds, (sent, loss, accuracy)) = run::<I>(strategy, workers, o, &train, &test)?;
+            let (seconds, (sent, loss, accuracy)) =
+                run::<I>(strategy, diloco, workers, o, &train, &test)?;
             rows.push(Row {
                 strategy: name.into(),
                 workers,
