@@ -1,6 +1,8 @@
 //! `Accelerator::launch_mpi` across 2 processes on loopback (`mpirun`), under `ddp`, `fsdp` and
 //! `local-sgd` (K = 1, no clipping: then it is DDP for SGD): the same parameters as the
-//! single-device Accelerator on the double batch. Each job runs this
+//! single-device Accelerator on the double batch. Under Streaming DiLoCo (a delayed exchange
+//! on its background thread, bf16 outer gradients all-gathered): the same parameters as the
+//! same run on 2 in-process workers. Each job runs this
 //! test binary, filtered to this test, as its ranks (OMPI_COMM_WORLD_RANK is then set).
 #![cfg(feature = "mpi")]
 
@@ -36,8 +38,52 @@ fn unclipped(strategy: Strategy) -> AcceleratorConfig {
     }
 }
 
+/// Streaming DiLoCo: an exchange every 2 steps applied 1 step later, mixed half-half, in bf16.
+fn streaming() -> AcceleratorConfig {
+    AcceleratorConfig {
+        max_grad_norm: None,
+        diloco: afterburner::localsgd::DiLoCoConfig {
+            sync_every: 2,
+            delay: 1,
+            mixing: Some(0.5),
+            outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
+            ..Default::default()
+        },
+        ..config(Strategy::DiLoCo)
+    }
+}
+
+/// One rank of Streaming DiLoCo over MPI, against the same run on 2 in-process workers.
+fn diloco_rank() {
+    let rank: u64 = std::env::var("OMPI_COMM_WORLD_RANK")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let model = vit(5 + rank);
+    let (mine, syncs) =
+        Accelerator::<B>::launch_mpi(streaming(), Default::default(), move |mut acc| {
+            let (params, _, _) = train_96_digits(&mut acc, model, 8)?;
+            Ok((params, acc.parameter_syncs()))
+        })
+        .unwrap();
+    let model = vit(5);
+    let threads =
+        Accelerator::<B>::launch(streaming(), vec![Default::default(); 2], move |mut acc| {
+            let (params, _, _) = train_96_digits(&mut acc, model.clone(), 8)?;
+            Ok(params)
+        })
+        .unwrap();
+    let err = max_rel(&mine, &threads[rank as usize], 1e-3);
+    println!("MPI diloco rank {rank}: {syncs} outer steps, vs in-process workers {err:e}");
+    assert!(syncs == 1 && err <= 1e-6, "{syncs} syncs, {err}");
+    println!("MPI-diloco-RANK-{rank}-MATCHES");
+}
+
 /// One rank: trains with `strategy` over MPI, then (every rank) the single-device reference.
 fn rank(strategy: Strategy) {
+    if strategy == Strategy::DiLoCo {
+        return diloco_rank();
+    }
     // Rank 1 starts from other weights: setup must give it rank 0's.
     let rank: u64 = std::env::var("OMPI_COMM_WORLD_RANK")
         .unwrap()
@@ -80,7 +126,7 @@ fn two_processes_train_like_one_device_under_ddp_and_fsdp() {
     if let Ok(strategy) = std::env::var("AFTERBURNER_MPI_MODE") {
         return rank(strategy.parse().unwrap());
     }
-    for strategy in ["ddp", "fsdp", "local-sgd"] {
+    for strategy in ["ddp", "fsdp", "local-sgd", "diloco"] {
         let run = run_on_loopback(
             2,
             &std::env::current_exe().unwrap(),
