@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy, with_derived_params};
-use afterburner_parallel::{ForwardView, TrainingStrategy};
+use afterburner_parallel::{Counted, ForwardView, TrainingStrategy, Traffic};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -59,6 +59,8 @@ pub struct Accelerator<B: AutodiffBackend> {
     pub(crate) strategy: AnyStrategy<B>,
     /// Whether the strategy reduced the pending gradients in this cycle.
     pub(crate) synced: bool,
+    /// What this rank sent through collectives.
+    pub(crate) traffic: Traffic,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -81,6 +83,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
         group: Option<Group<B>>,
     ) -> Result<Self, AccelerateError> {
         config.validate()?;
+        let traffic = Traffic::default();
+        let group = group.map(|g| Box::new(Counted::new(g, traffic.clone())) as Group<B>);
         let strategy = AnyStrategy::build(&config, group)?;
         config.precision.check_backend::<B>(&device)?;
         let scaler = if config.precision.needs_loss_scaling() {
@@ -122,6 +126,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             last: StepOutcome::Idle,
             strategy,
             synced: false,
+            traffic,
         })
     }
 

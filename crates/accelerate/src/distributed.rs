@@ -135,6 +135,13 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.strategy.parameter_syncs()
     }
 
+    /// What this rank sent through collectives so far, every strategy and call included
+    /// (gradient all-reduces, parameter syncs, FSDP gathers, metric reductions): calls and
+    /// payload bytes in each tensor's dtype. Zero on a single device.
+    pub fn traffic(&self) -> &afterburner_parallel::Traffic {
+        &self.traffic
+    }
+
     /// Gradient all-reduces so far (one per optimizer step under DDP; 0 on a single device).
     pub fn gradient_all_reduces(&self) -> u64 {
         self.strategy.gradient_all_reduces()

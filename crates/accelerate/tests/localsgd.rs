@@ -215,6 +215,52 @@ fn diloco_seven_steps(diloco: DiLoCoConfig, dir: Option<PathBuf>) -> Vec<Vec<f32
     }
 }
 
+/// Payload bytes rank 0 sent during 6 optimizer steps (after setup's broadcast), and the
+/// parameter count.
+fn bytes_in_six_steps(config: AcceleratorConfig) -> (u64, u64) {
+    let initial = vit(8);
+    let values = flatten(&params(&initial)).len() as u64;
+    let sent = Accelerator::<B>::launch(config, vec![Default::default(); 2], move |mut acc| {
+        let (mut model, mut optim) = acc.setup(initial.clone(), SgdConfig::new().init())?;
+        let before = acc.traffic().bytes();
+        let loader = acc.dataloader(digits::load()?.take(96), BATCHER, 8)?;
+        for batch in loader.epoch(0).take(6) {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, &mut optim, &mut 0.1)?;
+        }
+        Ok(acc.traffic().bytes() - before)
+    })
+    .unwrap();
+    (sent[0], values)
+}
+
+#[test]
+fn traffic_counts_the_bytes_each_strategy_sends() {
+    let _rng = rng_lock();
+    // DDP: every step's gradients (f32), plus a few values a step (one per parameter tensor
+    // for the clipping norm).
+    let (ddp, values) = bytes_in_six_steps(config(Strategy::Ddp));
+    assert!(ddp >= 6 * 4 * values && ddp < 6 * 4 * (values + 64), "{ddp}");
+    // Local SGD K = 3 and DiLoCo H = 3: the parameters twice, and each step the ranks'
+    // one-value vote on skipping a non-finite step.
+    let votes = 6 * 4;
+    let (local, _) = bytes_in_six_steps(config(Strategy::LocalSgd));
+    assert_eq!(local, 2 * 4 * values + votes);
+    let (diloco, _) = bytes_in_six_steps(config(Strategy::DiLoCo));
+    assert_eq!(diloco, 2 * 4 * values + votes);
+    // bf16 outer gradients: half.
+    let half = AcceleratorConfig {
+        diloco: DiLoCoConfig {
+            sync_every: 3,
+            outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
+            ..Default::default()
+        },
+        ..config(Strategy::DiLoCo)
+    };
+    assert_eq!(bytes_in_six_steps(half).0, 2 * 2 * values + votes);
+}
+
 #[test]
 fn diloco_saved_mid_round_resumes_bitwise() {
     // H = 3: saved at step 4, mid-round.

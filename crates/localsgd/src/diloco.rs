@@ -165,6 +165,12 @@ where
     ) -> Result<M, ParallelError> {
         let fragments = self.fragments()?;
         let global = self.global().ok_or_else(not_set_up)?;
+        tracing::debug!(
+            fragment = p,
+            values = fragments.len(p),
+            outer_dtype = %self.config.outer_dtype,
+            "DiLoCo outer step"
+        );
         let new = self.outer[p].step(fragments.gather(&global, p), gradient);
         self.set_global(fragments.scatter(global, p, new.clone()));
         self.syncs += 1;

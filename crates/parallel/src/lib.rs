@@ -32,6 +32,7 @@
 mod ddp;
 mod error;
 mod fsdp;
+mod counted;
 mod group;
 mod launch;
 mod local;
@@ -48,6 +49,7 @@ mod slow_link;
 mod strategy;
 mod zero;
 
+pub use counted::{Counted, Traffic};
 pub use ddp::{Ddp, broadcast_from_rank0};
 pub use error::ParallelError;
 pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, StateDictType};
