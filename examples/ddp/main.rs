@@ -86,7 +86,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             auto_wrap_policy: "TransformerEncoderLayer".parse()?,
             ..Default::default()
         },
-        local_sgd: LocalSgdConfig { local_sgd_steps },
+        local_sgd: LocalSgdConfig {
+            local_sgd_steps,
+            ..Default::default()
+        },
         diloco,
         ..Default::default()
     };

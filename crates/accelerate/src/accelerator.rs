@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy, with_derived_params};
-use afterburner_parallel::{Counted, ForwardView, TrainingStrategy, Traffic};
+use afterburner_parallel::{Counted, ForwardView, Traffic, TrainingStrategy};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
     CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
@@ -469,7 +469,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
         let step = self.counters.optimizer_steps + 1;
+        let syncs = self.strategy.parameter_syncs();
         let model = self.strategy.after_optimizer_step(model, step)?;
+        if self.strategy.parameter_syncs() > syncs && self.averages_optimizer_state() {
+            self.average_optimizer_state(&model, optimizer)?;
+        }
         if let Some(scaler) = &mut self.scaler {
             scaler.update(false);
         }

@@ -135,6 +135,39 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.strategy.parameter_syncs()
     }
 
+    /// Whether a parameter average also averages the optimizer state (Local SGD's
+    /// `average_optimizer_state`).
+    pub(crate) fn averages_optimizer_state(&self) -> bool {
+        self.config.strategy == crate::Strategy::LocalSgd
+            && self.config.local_sgd.average_optimizer_state
+    }
+
+    /// Replaces `optimizer`'s state by its mean over the ranks (positions by `model`).
+    pub(crate) fn average_optimizer_state<M, O>(
+        &self,
+        model: &M,
+        optimizer: &mut O,
+    ) -> Result<(), AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: burn::optim::Optimizer<M, B>,
+    {
+        let Some(group) = self.strategy.group() else {
+            return Ok(());
+        };
+        let bytes = crate::state::encode::<B, _>(optimizer.to_record())?;
+        let index = afterburner_parallel::param_ids(model)
+            .into_iter()
+            .enumerate()
+            .map(|(position, id)| (id, position))
+            .collect();
+        let mean = afterburner_parallel::mean_param_states(group, &bytes, &index, &self.device)?;
+        let path = std::path::Path::new("optimizer state (averaged)");
+        let record = crate::state::decode_record::<B, O::Record>(mean, &self.device, path)?;
+        *optimizer = optimizer.clone().load_record(record);
+        Ok(())
+    }
+
     /// What this rank sent through collectives so far, every strategy and call included
     /// (gradient all-reduces, parameter syncs, FSDP gathers, metric reductions): calls and
     /// payload bytes in each tensor's dtype. Zero on a single device.

@@ -11,7 +11,7 @@ use afterburner::demos::digits;
 use afterburner::demos::models::Vit;
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
-use burn::optim::{AdamWConfig, SgdConfig};
+use burn::optim::{AdamWConfig, Optimizer, SgdConfig};
 use common::*;
 
 /// Per rank: the full parameters after every optimizer step, and the syncs counted.
@@ -20,7 +20,10 @@ type Trace = Vec<(Vec<Vec<f32>>, u64)>;
 fn config(strategy: Strategy) -> AcceleratorConfig {
     AcceleratorConfig {
         strategy,
-        local_sgd: LocalSgdConfig { local_sgd_steps: 3 },
+        local_sgd: LocalSgdConfig {
+            local_sgd_steps: 3,
+            ..Default::default()
+        },
         diloco: DiLoCoConfig {
             sync_every: 3,
             ..Default::default()
@@ -63,7 +66,10 @@ fn local_sgd_with_k_1_trains_like_ddp() {
     let ddp = trace(config(Strategy::Ddp), 6);
     let local = trace(
         AcceleratorConfig {
-            local_sgd: LocalSgdConfig { local_sgd_steps: 1 },
+            local_sgd: LocalSgdConfig {
+                local_sgd_steps: 1,
+                ..Default::default()
+            },
             ..config(Strategy::LocalSgd)
         },
         6,
@@ -235,13 +241,61 @@ fn bytes_in_six_steps(config: AcceleratorConfig) -> (u64, u64) {
     (sent[0], values)
 }
 
+/// Every rank's AdamW state after each of 6 steps under Local SGD K = 3 (as JSON, so maps
+/// compare whatever their order).
+fn optimizer_states(average: bool) -> Vec<Vec<serde_json::Value>> {
+    use burn::record::{FullPrecisionSettings, Record};
+    let initial = vit(8);
+    let config = AcceleratorConfig {
+        local_sgd: LocalSgdConfig {
+            local_sgd_steps: 3,
+            average_optimizer_state: average,
+        },
+        ..config(Strategy::LocalSgd)
+    };
+    Accelerator::<B>::launch(config, vec![Default::default(); 2], move |mut acc| {
+        let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
+        let loader = acc.dataloader(digits::load()?.take(96), BATCHER, 8)?;
+        let mut states = Vec::new();
+        for batch in loader.epoch(0).take(6) {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, &mut optim, &mut 1e-3)?;
+            let item = optim.to_record().into_item::<FullPrecisionSettings>();
+            states.push(serde_json::to_value(item).unwrap());
+        }
+        Ok(states)
+    })
+    .unwrap()
+}
+
+#[test]
+fn local_sgd_can_average_the_optimizer_state_too() {
+    let _rng = rng_lock();
+    let averaged = optimizer_states(true);
+    let own = optimizer_states(false);
+    for step in 0..6 {
+        let after_average = step == 2 || step == 5;
+        assert_eq!(
+            averaged[0][step] == averaged[1][step],
+            after_average,
+            "averaged states: step {}",
+            step + 1
+        );
+        assert_ne!(own[0][step], own[1][step], "own states: step {}", step + 1);
+    }
+}
+
 #[test]
 fn traffic_counts_the_bytes_each_strategy_sends() {
     let _rng = rng_lock();
     // DDP: every step's gradients (f32), plus a few values a step (one per parameter tensor
     // for the clipping norm).
     let (ddp, values) = bytes_in_six_steps(config(Strategy::Ddp));
-    assert!(ddp >= 6 * 4 * values && ddp < 6 * 4 * (values + 64), "{ddp}");
+    assert!(
+        ddp >= 6 * 4 * values && ddp < 6 * 4 * (values + 64),
+        "{ddp}"
+    );
     // Local SGD K = 3 and DiLoCo H = 3: the parameters twice, and each step the ranks'
     // one-value vote on skipping a non-finite step.
     let votes = 6 * 4;
@@ -311,7 +365,10 @@ fn local_sgd_settings_parse_and_name_bad_values() {
             .unwrap();
     assert_eq!(c.local_sgd.local_sgd_steps, 4);
     let bad = AcceleratorConfig {
-        local_sgd: LocalSgdConfig { local_sgd_steps: 0 },
+        local_sgd: LocalSgdConfig {
+            local_sgd_steps: 0,
+            ..Default::default()
+        },
         ..config(Strategy::LocalSgd)
     };
     let err = bad.validate().unwrap_err().to_string();

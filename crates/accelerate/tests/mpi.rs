@@ -33,7 +33,10 @@ fn config(strategy: Strategy) -> AcceleratorConfig {
 fn unclipped(strategy: Strategy) -> AcceleratorConfig {
     AcceleratorConfig {
         max_grad_norm: None,
-        local_sgd: afterburner::localsgd::LocalSgdConfig { local_sgd_steps: 1 },
+        local_sgd: afterburner::localsgd::LocalSgdConfig {
+            local_sgd_steps: 1,
+            ..Default::default()
+        },
         ..config(strategy)
     }
 }

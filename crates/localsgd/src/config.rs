@@ -13,11 +13,18 @@ pub struct LocalSgdConfig {
     /// Optimizer steps between two parameter averages (Accelerate's `local_sgd_steps`; counts
     /// optimizer steps, not micro-batches). Default 8.
     pub local_sgd_steps: usize,
+    /// Also average the optimizer state (e.g. Adam's moments) at every parameter average, so
+    /// the replicas restart from the same optimizer too; one more all-reduce of the state's
+    /// size. Default false (each rank keeps its own, as in Accelerate).
+    pub average_optimizer_state: bool,
 }
 
 impl Default for LocalSgdConfig {
     fn default() -> Self {
-        Self { local_sgd_steps: 8 }
+        Self {
+            local_sgd_steps: 8,
+            average_optimizer_state: false,
+        }
     }
 }
 
@@ -192,10 +199,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("int8"), "{err}");
-        let err = LocalSgdConfig { local_sgd_steps: 0 }
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let err = LocalSgdConfig {
+            local_sgd_steps: 0,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("local_sgd.local_sgd_steps"), "{err}");
     }
 }

@@ -29,10 +29,10 @@
 
 #![warn(missing_docs)]
 
+mod counted;
 mod ddp;
 mod error;
 mod fsdp;
-mod counted;
 mod group;
 mod launch;
 mod local;
@@ -64,7 +64,7 @@ pub use loopback::{LoopbackRun, run_on_loopback};
 #[cfg(feature = "mpi")]
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use params::{flat_params, param_ids, with_flat_params};
-pub use record::merge_param_states;
+pub use record::{mean_param_states, merge_param_states};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
 pub use slow_link::SlowLink;

@@ -9,10 +9,11 @@
 
 use std::collections::HashMap;
 
-use burn::tensor::{DType, TensorData};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, ElementConversion, Tensor, TensorData};
 use rmpv::Value;
 
-use crate::ParallelError;
+use crate::{ParallelError, ProcessGroup, ReduceOp};
 
 fn bad(what: &str) -> ParallelError {
     ParallelError::Record(format!("optimizer record: {what}"))
@@ -69,7 +70,7 @@ pub(crate) fn map_state_tensors(
         return Err(bad("the item is not a map from parameter id to state"));
     };
     for (position, i) in positions(params, index)? {
-        visit_tensors(&mut params[i].1, &mut |values| f(position, values))?;
+        visit_tensors(&mut params[i].1, &mut |values, _| f(position, values))?;
     }
     let mut out = Vec::with_capacity(bytes.len());
     rmpv::encode::write_value(&mut out, &record).map_err(|e| bad(&e.to_string()))?;
@@ -140,10 +141,9 @@ pub(crate) fn join_param_shards(
         };
         for (position, entry) in positions(params, index)? {
             let mut tensors = Vec::new();
-            visit_tensors(&mut params[entry].1, &mut |values| {
-                let len = values.len();
+            visit_tensors(&mut params[entry].1, &mut |values, shape| {
                 tensors.push(values.clone());
-                Ok((values, vec![len]))
+                Ok((values, shape))
             })?;
             let slot = chunks
                 .get_mut(position)
@@ -169,7 +169,7 @@ pub(crate) fn join_param_shards(
             )));
         }
         let mut tensor = 0;
-        visit_tensors(&mut entry, &mut |_| {
+        visit_tensors(&mut entry, &mut |_, _| {
             let mut values: Vec<f32> = ranks
                 .iter()
                 .filter_map(|r| r.get(tensor))
@@ -192,6 +192,64 @@ pub(crate) fn join_param_shards(
     let mut record = base.ok_or_else(|| bad("no record to join"))?;
     if let Some(item) = field_mut(&mut record, "item") {
         *item = Value::Map(joined);
+    }
+    encode_value(&record)
+}
+
+/// The record in `bytes` (this rank's optimizer state; `index` maps its model's parameter ids
+/// to positions) with every state tensor replaced by its mean over the ranks: one all-reduce
+/// of all of them, in parameter position order. Every rank's record must hold state for the
+/// same parameters with the same shapes (an error on every rank otherwise). Every rank calls it.
+pub fn mean_param_states<B: Backend, G: ProcessGroup<B> + ?Sized>(
+    group: &G,
+    bytes: &[u8],
+    index: &HashMap<String, usize>,
+    device: &B::Device,
+) -> Result<Vec<u8>, ParallelError> {
+    let mut all = Vec::new();
+    map_state_tensors_shaped(bytes, index, |values, shape| {
+        all.extend_from_slice(&values);
+        Ok((values, shape))
+    })?;
+    let len = all.len() as f32;
+    let lengths = group.all_reduce(Tensor::from_floats([len], device), ReduceOp::Sum)?;
+    let total = lengths.into_scalar().elem::<f32>();
+    if total != len * group.world_size() as f32 {
+        return Err(ParallelError::Mismatch {
+            rank: group.rank(),
+            reason: format!(
+                "the ranks' optimizer states differ in size ({len} values here): they cannot \
+                 be averaged"
+            ),
+        });
+    }
+    let mean = group.all_reduce(Tensor::from_floats(all.as_slice(), device), ReduceOp::Mean)?;
+    let mean = mean
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| bad(&format!("{e:?}")))?;
+    let mut at = 0;
+    map_state_tensors_shaped(bytes, index, |values, shape| {
+        let next = mean[at..at + values.len()].to_vec();
+        at += values.len();
+        Ok((next, shape))
+    })
+}
+
+/// [`map_state_tensors`] whose `f` gets each tensor's values and shape.
+fn map_state_tensors_shaped(
+    bytes: &[u8],
+    index: &HashMap<String, usize>,
+    mut f: impl FnMut(Vec<f32>, Vec<usize>) -> Result<(Vec<f32>, Vec<usize>), ParallelError>,
+) -> Result<Vec<u8>, ParallelError> {
+    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
+    let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
+    let Value::Map(params) = item else {
+        return Err(bad("the item is not a map from parameter id to state"));
+    };
+    for (_, i) in positions(params, index)? {
+        visit_tensors(&mut params[i].1, &mut f)?;
     }
     encode_value(&record)
 }
@@ -233,16 +291,19 @@ fn field_mut<'a>(value: &'a mut Value, name: &str) -> Option<&'a mut Value> {
         .map(|(_, v)| v)
 }
 
-type TensorFn<'a> = dyn FnMut(Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), ParallelError> + 'a;
+/// Gets a state tensor's values and shape; returns the new ones.
+type TensorFn<'a> =
+    dyn FnMut(Vec<f32>, Vec<usize>) -> Result<(Vec<f32>, Vec<usize>), ParallelError> + 'a;
 
 /// Depth-first, in the record's own order (struct fields in declaration order).
 fn visit_tensors(value: &mut Value, f: &mut TensorFn<'_>) -> Result<(), ParallelError> {
     if let Some((data, dtype)) = as_tensor(value)? {
+        let shape = data.shape.to_vec();
         let values = data
             .convert::<f32>()
             .into_vec::<f32>()
             .map_err(|e| ParallelError::Record(format!("optimizer state tensor: {e:?}")))?;
-        let (values, shape) = f(values)?;
+        let (values, shape) = f(values, shape)?;
         let data = TensorData::new(values, shape.clone()).convert_dtype(dtype);
         if let Some(bytes) = field_mut(value, "bytes") {
             *bytes = Value::Binary(data.bytes.to_vec());

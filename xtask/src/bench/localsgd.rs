@@ -55,7 +55,10 @@ where
     type Ad<I> = Autodiff<I>;
     let config = AcceleratorConfig {
         strategy,
-        local_sgd: LocalSgdConfig { local_sgd_steps: 8 },
+        local_sgd: LocalSgdConfig {
+            local_sgd_steps: 8,
+            ..Default::default()
+        },
         diloco,
         ..Default::default()
     };

@@ -180,8 +180,14 @@ where
         if self.acc.world_size() > 1 {
             // What this rank sent through collectives, per optimizer step (afterburner's).
             let steps = self.state.global_step.max(1) as f64;
-            metrics.insert("comm_bytes_per_step", self.acc.traffic().bytes() as f64 / steps);
-            metrics.insert("comm_calls_per_step", self.acc.traffic().calls() as f64 / steps);
+            metrics.insert(
+                "comm_bytes_per_step",
+                self.acc.traffic().bytes() as f64 / steps,
+            );
+            metrics.insert(
+                "comm_calls_per_step",
+                self.acc.traffic().calls() as f64 / steps,
+            );
         }
         metrics.insert("epoch", self.state.epoch);
         self.record(metrics.clone())?;
