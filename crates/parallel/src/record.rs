@@ -25,11 +25,8 @@ pub(crate) fn check_param_ids(
     bytes: &[u8],
     index: &HashMap<String, usize>,
 ) -> Result<(), ParallelError> {
-    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-    match field_mut(&mut record, "item") {
-        Some(Value::Map(params)) => positions(params, index).map(|_| ()),
-        _ => Err(bad("the item is not a map from parameter id to state")),
-    }
+    let mut record = decode(bytes)?;
+    positions(param_map(&mut record)?, index).map(|_| ())
 }
 
 /// `(position in the model, entry)` for every entry of the record's parameter map, sorted.
@@ -64,17 +61,37 @@ pub(crate) fn map_state_tensors(
     index: &HashMap<String, usize>,
     mut f: impl FnMut(usize, Vec<f32>) -> Result<(Vec<f32>, Vec<usize>), ParallelError>,
 ) -> Result<Vec<u8>, ParallelError> {
-    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-    let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
-    let Value::Map(params) = item else {
-        return Err(bad("the item is not a map from parameter id to state"));
-    };
+    map_tensors(bytes, index, |position, values, _| f(position, values))
+}
+
+/// Calls `f(position, values, shape)` for every state tensor, parameters in position order,
+/// and puts back what it returns.
+fn map_tensors(
+    bytes: &[u8],
+    index: &HashMap<String, usize>,
+    mut f: impl FnMut(usize, Vec<f32>, Vec<usize>) -> Result<(Vec<f32>, Vec<usize>), ParallelError>,
+) -> Result<Vec<u8>, ParallelError> {
+    let mut record = decode(bytes)?;
+    let params = param_map(&mut record)?;
     for (position, i) in positions(params, index)? {
-        visit_tensors(&mut params[i].1, &mut |values, _| f(position, values))?;
+        visit_tensors(&mut params[i].1, &mut |values, shape| {
+            f(position, values, shape)
+        })?;
     }
-    let mut out = Vec::with_capacity(bytes.len());
-    rmpv::encode::write_value(&mut out, &record).map_err(|e| bad(&e.to_string()))?;
-    Ok(out)
+    encode_value(&record)
+}
+
+/// A record's bytes, decoded.
+fn decode(bytes: &[u8]) -> Result<Value, ParallelError> {
+    rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))
+}
+
+/// A record's map from parameter id to state.
+fn param_map(record: &mut Value) -> Result<&mut Vec<(Value, Value)>, ParallelError> {
+    match field_mut(record, "item") {
+        Some(Value::Map(params)) => Ok(params),
+        _ => Err(bad("the item is not a map from parameter id to state")),
+    }
 }
 
 /// One record holding every parameter state of `records` (each the encoded record of one
@@ -89,11 +106,8 @@ pub fn merge_param_states(
     let mut merged: Vec<Option<Value>> = vec![None; ids.len()];
     let mut base = None;
     for (bytes, index) in records {
-        let mut record =
-            rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-        let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
-            return Err(bad("the item is not a map from parameter id to state"));
-        };
+        let mut record = decode(bytes)?;
+        let params = param_map(&mut record)?;
         for (position, entry) in positions(params, index)? {
             let slot = merged
                 .get_mut(position)
@@ -134,11 +148,8 @@ pub(crate) fn join_param_shards(
     let mut entries: Vec<Option<Value>> = vec![None; ids.len()];
     let mut base = None;
     for (bytes, index) in records {
-        let mut record =
-            rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-        let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
-            return Err(bad("the item is not a map from parameter id to state"));
-        };
+        let mut record = decode(bytes)?;
+        let params = param_map(&mut record)?;
         for (position, entry) in positions(params, index)? {
             let mut tensors = Vec::new();
             visit_tensors(&mut params[entry].1, &mut |values, shape| {
@@ -207,7 +218,7 @@ pub fn mean_param_states<B: Backend, G: ProcessGroup<B> + ?Sized>(
     device: &B::Device,
 ) -> Result<Vec<u8>, ParallelError> {
     let mut all = Vec::new();
-    map_state_tensors_shaped(bytes, index, |values, shape| {
+    map_tensors(bytes, index, |_, values, shape| {
         all.extend_from_slice(&values);
         Ok((values, shape))
     })?;
@@ -230,28 +241,11 @@ pub fn mean_param_states<B: Backend, G: ProcessGroup<B> + ?Sized>(
         .into_vec::<f32>()
         .map_err(|e| bad(&format!("{e:?}")))?;
     let mut at = 0;
-    map_state_tensors_shaped(bytes, index, |values, shape| {
+    map_tensors(bytes, index, |_, values, shape| {
         let next = mean[at..at + values.len()].to_vec();
         at += values.len();
         Ok((next, shape))
     })
-}
-
-/// [`map_state_tensors`] whose `f` gets each tensor's values and shape.
-fn map_state_tensors_shaped(
-    bytes: &[u8],
-    index: &HashMap<String, usize>,
-    mut f: impl FnMut(Vec<f32>, Vec<usize>) -> Result<(Vec<f32>, Vec<usize>), ParallelError>,
-) -> Result<Vec<u8>, ParallelError> {
-    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-    let item = field_mut(&mut record, "item").ok_or_else(|| bad("no item"))?;
-    let Value::Map(params) = item else {
-        return Err(bad("the item is not a map from parameter id to state"));
-    };
-    for (_, i) in positions(params, index)? {
-        visit_tensors(&mut params[i].1, &mut f)?;
-    }
-    encode_value(&record)
 }
 
 /// The record in `bytes` keeping only the states of parameters whose position (by `index`)
@@ -261,10 +255,8 @@ pub(crate) fn retain_param_states(
     index: &HashMap<String, usize>,
     keep: impl Fn(usize) -> bool,
 ) -> Result<Vec<u8>, ParallelError> {
-    let mut record = rmpv::decode::read_value(&mut &bytes[..]).map_err(|e| bad(&e.to_string()))?;
-    let Some(Value::Map(params)) = field_mut(&mut record, "item") else {
-        return Err(bad("the item is not a map from parameter id to state"));
-    };
+    let mut record = decode(bytes)?;
+    let params = param_map(&mut record)?;
     let kept: Vec<usize> = positions(params, index)?
         .into_iter()
         .filter(|(position, _)| keep(*position))
