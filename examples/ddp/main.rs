@@ -48,6 +48,7 @@ const BATCHER: ImageBatcher = ImageBatcher {
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    backend::show_warnings();
     let (mut workers, mut epochs, mut batch_size, mut strategy) = (2, 10, 32, Strategy::Ddp);
     let mut mpi = false;
     let (mut local_sgd_steps, mut diloco) = (

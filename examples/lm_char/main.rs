@@ -29,6 +29,7 @@ use backend::{B, device};
 const SEQ_LEN: usize = 64;
 
 fn main() {
+    backend::show_warnings();
     if let Err(e) = run() {
         eprintln!("error: {e}");
         std::process::exit(2);

@@ -11,3 +11,17 @@ pub type B = burn::backend::Autodiff<burn::backend::Flex>;
 pub fn device() -> burn::tensor::Device<B> {
     Default::default()
 }
+
+/// Shows afterburner's warnings (a skipped non-finite step, an emulated half precision, ...)
+/// on stderr; `RUST_LOG=info` (or `debug`) shows more.
+pub fn show_warnings() {
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::WARN);
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}

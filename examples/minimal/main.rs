@@ -39,6 +39,7 @@ struct Args {
 }
 
 fn main() {
+    backend::show_warnings();
     if let Err(e) = run() {
         eprintln!("error: {e}");
         std::process::exit(2);

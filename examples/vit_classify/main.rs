@@ -24,6 +24,7 @@ use burn::train::metric::AccuracyMetric;
 use backend::{B, device};
 
 fn main() {
+    backend::show_warnings();
     if let Err(e) = run() {
         eprintln!("error: {e}");
         std::process::exit(2);

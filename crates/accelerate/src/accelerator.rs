@@ -87,6 +87,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let group = group.map(|g| Box::new(Counted::new(g, traffic.clone())) as Group<B>);
         let strategy = AnyStrategy::build(&config, group)?;
         config.precision.check_backend::<B>(&device)?;
+        if config.precision.is_emulated_on::<B>(&device) {
+            tracing::warn!(
+                precision = %config.precision,
+                backend = B::name(&device),
+                "this backend emulates half precision (it converts every op to f32 and back): \
+                 expect 2-3.5x slower steps than 32-true; the half modes pay off on GPUs"
+            );
+        }
         let scaler = if config.precision.needs_loss_scaling() {
             Some(GradScaler::new(config.grad_scaler)?)
         } else {

@@ -125,6 +125,17 @@ impl Precision {
     }
 }
 
+impl Precision {
+    /// Whether this precision computes in a half dtype that backend `B` only emulates
+    /// (Burn's CPU backends `flex` and `ndarray` convert every half op to f32 and back), so the
+    /// run is slower than 32-true, not faster (as Lightning warns for 16-mixed on the CPU).
+    pub fn is_emulated_on<B: Backend>(self, device: &B::Device) -> bool {
+        let half = matches!(self.compute_dtype(), DType::BF16 | DType::F16);
+        let name = B::name(device).to_ascii_lowercase();
+        half && ["flex", "ndarray"].iter().any(|cpu| name.contains(cpu))
+    }
+}
+
 impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -154,6 +165,16 @@ impl FromStr for Precision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn half_precisions_are_emulated_on_the_cpu_backends() {
+        use burn::backend::{Autodiff, Flex};
+        let device = Default::default();
+        for p in [Precision::Bf16Mixed, Precision::F16Mixed, Precision::Bf16True] {
+            assert!(p.is_emulated_on::<Autodiff<Flex>>(&device), "{p}");
+        }
+        assert!(!Precision::Full32.is_emulated_on::<Autodiff<Flex>>(&device));
+    }
 
     #[test]
     fn parses_lightning_spellings() {
