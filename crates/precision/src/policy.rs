@@ -170,7 +170,11 @@ mod tests {
     fn half_precisions_are_emulated_on_the_cpu_backends() {
         use burn::backend::{Autodiff, Flex};
         let device = Default::default();
-        for p in [Precision::Bf16Mixed, Precision::F16Mixed, Precision::Bf16True] {
+        for p in [
+            Precision::Bf16Mixed,
+            Precision::F16Mixed,
+            Precision::Bf16True,
+        ] {
             assert!(p.is_emulated_on::<Autodiff<Flex>>(&device), "{p}");
         }
         assert!(!Precision::Full32.is_emulated_on::<Autodiff<Flex>>(&device));
