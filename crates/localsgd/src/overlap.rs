@@ -88,6 +88,19 @@ impl<B: Backend, G: ProcessGroup<B> + Clone + Send + 'static> Overlapped<B, G> {
     }
 }
 
+/// A collective still in flight finishes before the group goes (never a detached thread
+/// inside a collective).
+impl<B: Backend, G> Drop for Overlapped<B, G> {
+    fn drop(&mut self) {
+        finish(
+            &mut self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+    }
+}
+
 /// Turns a running collective into its result.
 fn finish<B: Backend>(state: &mut InFlight<B>) {
     if matches!(state, InFlight::Running(_))
