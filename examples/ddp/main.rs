@@ -10,7 +10,8 @@
 //! per transformer block, parameters, gradients and optimizer state sharded across the
 //! workers; local-sgd: parameters averaged every --local-sgd-steps N optimizer steps, default
 //! 8; diloco: an outer Nesterov step every --sync-every N steps, default 50; Streaming DiLoCo
-//! with --fragments P, --delay TAU, --mixing ALPHA and --outer-dtype f32|bf16|f16|int8).
+//! with --fragments P, --fragment-units TransformerEncoderLayer (whole blocks per fragment),
+//! --delay TAU, --mixing ALPHA and --outer-dtype f32|bf16|f16|int8).
 //!
 //! ```text
 //! cargo run --release --example ddp -- --strategy local-sgd --local-sgd-steps 8
@@ -73,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--local-sgd-steps" => local_sgd_steps = value.parse()?,
             "--sync-every" => diloco.sync_every = value.parse()?,
             "--fragments" => diloco.fragments = value.parse()?,
+            "--fragment-units" => diloco.fragment_units = value.parse()?,
             "--delay" => diloco.delay = value.parse()?,
             "--mixing" => diloco.mixing = Some(value.parse()?),
             "--outer-dtype" => diloco.outer_dtype = value.parse()?,

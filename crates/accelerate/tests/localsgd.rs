@@ -286,6 +286,38 @@ fn local_sgd_can_average_the_optimizer_state_too() {
     }
 }
 
+/// Streaming DiLoCo with fragments made of whole transformer blocks (strided over the
+/// fragments, as the paper strides layers): it trains, each exchange sends one fragment, and
+/// a block type the model lacks is an error naming the setting.
+#[test]
+fn streaming_fragments_can_be_whole_blocks() {
+    let _rng = rng_lock();
+    let blocks = |units: &str| AcceleratorConfig {
+        diloco: DiLoCoConfig {
+            sync_every: 2,
+            fragments: 2,
+            fragment_units: units.parse().unwrap(),
+            ..Default::default()
+        },
+        ..config(Strategy::DiLoCo)
+    };
+    let (sent, values) = bytes_in_six_steps(blocks("TransformerEncoderLayer"));
+    let votes = 6 * 4;
+    // 6 exchanges (one per step), each one fragment: together 3 times the model.
+    assert_eq!(sent - votes, 3 * 4 * values, "{sent}");
+    let initial = vit(8);
+    let err = Accelerator::<B>::launch(blocks("Block"), vec![Default::default(); 2], move |acc| {
+        acc.setup(initial.clone(), SgdConfig::new().init::<B, Vit<B>>())
+            .map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("diloco.fragment_units") && err.contains("TransformerEncoderLayer"),
+        "{err}"
+    );
+}
+
 #[test]
 fn traffic_counts_the_bytes_each_strategy_sends() {
     let _rng = rng_lock();

@@ -1,7 +1,7 @@
 //! Settings of [`LocalSgd`](crate::LocalSgd) (`[local_sgd]`) and [`DiLoCo`](crate::DiLoCo)
 //! (`[diloco]`), as config-file tables: unknown keys are errors, missing ones take the defaults.
 
-use afterburner_parallel::ParallelError;
+use afterburner_parallel::{AutoWrapPolicy, ParallelError};
 
 use crate::OuterDtype;
 use serde::{Deserialize, Serialize};
@@ -60,6 +60,12 @@ pub struct DiLoCoConfig {
     /// so each fragment syncs every `sync_every` steps and the peak bytes of an exchange drop
     /// P times. Default 1 (DiLoCo). Must divide `sync_every`.
     pub fragments: usize,
+    /// Streaming DiLoCo: how parameters are grouped before the groups are strided over the
+    /// fragments, as FSDP's `auto_wrap_policy` groups them: module type names (e.g.
+    /// "TransformerEncoderLayer": block `b` goes to fragment `b % fragments`, the paper's
+    /// strided layers; parameters outside every block form one more group), `size:<n>`, or
+    /// "none" (default: each parameter its own group, strided).
+    pub fragment_units: AutoWrapPolicy,
     /// Streaming DiLoCo: inner steps between a fragment's exchange and its outer step (tau):
     /// the outer gradient is exchanged at one step and applied `delay` steps later, merged
     /// into parameters that kept training. Default 0; below `sync_every / fragments`.
@@ -82,6 +88,7 @@ impl Default for DiLoCoConfig {
             outer_momentum: 0.9,
             nesterov: true,
             fragments: 1,
+            fragment_units: AutoWrapPolicy::None,
             delay: 0,
             mixing: None,
             outer_dtype: OuterDtype::F32,

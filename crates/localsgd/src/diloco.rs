@@ -262,6 +262,9 @@ where
     /// Rank 0's parameters on every rank; the first model set up is the one DiLoCo keeps a
     /// global copy of.
     fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        // Checked before any collective: every rank fails alike on a bad unit name.
+        let fragments =
+            Fragments::of_model(&model, self.config.fragments, &self.config.fragment_units)?;
         let model = broadcast_from_rank0(&self.group, model)?;
         let mut global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
         if global.is_none() {
@@ -269,8 +272,7 @@ where
             *self
                 .fragments
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) =
-                Some(Fragments::of_model(&model, self.config.fragments));
+                .unwrap_or_else(PoisonError::into_inner) = Some(fragments);
         }
         Ok(model)
     }

@@ -1,8 +1,9 @@
 //! [`Fragments`]: Streaming DiLoCo's split of the flat parameter vector into P fragments that
-//! sync one at a time. Parameters are assigned in visit order, strided (parameter `i` to
-//! fragment `i % P`), as the paper strides layers; each fragment is a list of ranges of the
-//! flat vector (adjacent ranges merged).
+//! sync one at a time, strided as the paper strides layers: by block (FSDP auto-wrap units,
+//! unit `u` to fragment `u % P`) or, without units, by parameter (parameter `i` to fragment
+//! `i % P`). Each fragment is a list of ranges of the flat vector (adjacent ranges merged).
 
+use afterburner_parallel::{AutoWrapPolicy, ParallelError, ShardLayout};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
@@ -18,11 +19,18 @@ impl Fragments {
     /// `count` fragments of a model whose float parameters have `sizes` elements (visit
     /// order): parameter `i` goes to fragment `i % count`.
     pub fn strided(sizes: &[usize], count: usize) -> Self {
+        let groups: Vec<usize> = (0..sizes.len()).collect();
+        Self::by_groups(sizes, &groups, count)
+    }
+
+    /// `count` fragments of parameters with `sizes` elements belonging to `groups` (e.g.
+    /// their FSDP units, numbered in visit order): group `g` goes to fragment `g % count`.
+    pub fn by_groups(sizes: &[usize], groups: &[usize], count: usize) -> Self {
         let count = count.max(1);
         let mut ranges: Vec<Vec<(usize, usize)>> = vec![Vec::new(); count];
         let mut offset = 0;
-        for (i, &size) in sizes.iter().enumerate() {
-            let fragment = &mut ranges[i % count];
+        for (&size, &group) in sizes.iter().zip(groups) {
+            let fragment = &mut ranges[group % count];
             match fragment.last_mut() {
                 Some((start, len)) if *start + *len == offset => *len += size,
                 _ => fragment.push((offset, size)),
@@ -35,8 +43,14 @@ impl Fragments {
         }
     }
 
-    /// The fragments of `model`'s float parameters.
-    pub fn of_model<B: Backend, M: Module<B>>(model: &M, count: usize) -> Self {
+    /// The fragments of `model`'s float parameters: by the units `units` makes (strided by
+    /// parameter under `AutoWrapPolicy::None`). Errors when `units` names a module type the
+    /// model lacks.
+    pub fn of_model<B: Backend, M: Module<B>>(
+        model: &M,
+        count: usize,
+        units: &AutoWrapPolicy,
+    ) -> Result<Self, ParallelError> {
         struct Sizes(Vec<usize>);
         impl<B: Backend> ModuleVisitor<B> for Sizes {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -45,7 +59,11 @@ impl Fragments {
         }
         let mut sizes = Sizes(Vec::new());
         model.visit(&mut sizes);
-        Self::strided(&sizes.0, count)
+        if *units == AutoWrapPolicy::None {
+            return Ok(Self::strided(&sizes.0, count));
+        }
+        let groups = ShardLayout::units_of(model, units, "diloco.fragment_units")?;
+        Ok(Self::by_groups(&sizes.0, &groups, count))
     }
 
     /// The number of fragments.
@@ -112,6 +130,9 @@ mod tests {
         let f = Fragments::strided(&[2, 3, 1, 4], 2);
         assert_eq!(f.ranges, vec![vec![(0, 2), (5, 1)], vec![(2, 3), (6, 4)]]);
         assert_eq!((f.len(0), f.len(1)), (3, 7));
+        // Blocks {0, 1}, {2}, {3}: blocks 0 and 2 in fragment 0.
+        let blocks = Fragments::by_groups(&[2, 3, 1, 4], &[0, 0, 1, 2], 2);
+        assert_eq!(blocks.ranges, vec![vec![(0, 5), (6, 4)], vec![(5, 1)]]);
         let one = Fragments::strided(&[2, 3, 1], 1);
         assert_eq!(one.ranges, vec![vec![(0, 6)]], "adjacent ranges merged");
 

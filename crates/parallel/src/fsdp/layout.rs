@@ -94,6 +94,20 @@ impl ShardLayout {
         }
     }
 
+    /// The unit of each float parameter of `model` under `policy` (visit order; units numbered
+    /// in the order of their first parameter), for grouping parameters as FSDP would (e.g.
+    /// Streaming DiLoCo's fragments). Errors when a module type `policy` names is not in the
+    /// model (it would silently group nothing), listing the model's module types.
+    pub fn units_of<B: Backend, M: Module<B>>(
+        model: &M,
+        policy: &AutoWrapPolicy,
+        field: &'static str,
+    ) -> Result<Vec<usize>, crate::ParallelError> {
+        check_module_names(model, policy, field)?;
+        let layout = Self::new(model, policy, 0, 1);
+        Ok(layout.slots.iter().map(|s| s.unit).collect())
+    }
+
     /// The units' module paths, in the order of their first parameter ("" is the root unit).
     pub fn unit_paths(&self) -> Vec<&str> {
         self.units.iter().map(|u| u.path.as_str()).collect()
@@ -165,9 +179,31 @@ impl<B: Backend> ModuleVisitor<B> for Walk {
     }
 }
 
+/// Errors (naming `field`) when a module type of a `Modules` policy is no module type of
+/// `model`: it would silently wrap nothing.
+pub(crate) fn check_module_names<B: Backend, M: Module<B>>(
+    model: &M,
+    policy: &AutoWrapPolicy,
+    field: &'static str,
+) -> Result<(), crate::ParallelError> {
+    let (unmatched, types) = unmatched_module_names(model, policy);
+    if unmatched.is_empty() {
+        return Ok(());
+    }
+    Err(crate::ParallelError::InvalidConfig {
+        field,
+        value: format!(
+            "{} (no module of the model has this type; its module types: {})",
+            unmatched.join(","),
+            types.join(", ")
+        ),
+        expected: "module type names of the model, none, or size:<n>",
+    })
+}
+
 /// The names of an auto-wrap `Modules` policy that are no module type of `model` (each would
 /// silently wrap nothing), and the model's module types (sorted) to name in an error.
-pub(crate) fn unmatched_module_names<B: Backend, M: Module<B>>(
+fn unmatched_module_names<B: Backend, M: Module<B>>(
     model: &M,
     policy: &AutoWrapPolicy,
 ) -> (Vec<String>, Vec<String>) {

@@ -111,19 +111,11 @@ where
     /// Replaces every float parameter of `model` (full, the same on every rank) by this rank's
     /// chunk, and records the layout. Call once, at setup (again to re-shard a full model).
     pub fn shard<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
-        let (unmatched, types) =
-            layout::unmatched_module_names(&model, &self.config.auto_wrap_policy);
-        if !unmatched.is_empty() {
-            return Err(ParallelError::InvalidConfig {
-                field: "fsdp.auto_wrap_policy",
-                value: format!(
-                    "{} (no module of the model has this type; its module types: {})",
-                    unmatched.join(","),
-                    types.join(", ")
-                ),
-                expected: "module type names of the model, none, or size:<n>",
-            });
-        }
+        layout::check_module_names(
+            &model,
+            &self.config.auto_wrap_policy,
+            "fsdp.auto_wrap_policy",
+        )?;
         let group = &self.exchange.group;
         let layout = ShardLayout::new(
             &model,
