@@ -174,6 +174,20 @@ fn a_sharded_fsdp_state_resumes_on_more_and_on_fewer_ranks() {
         let what = format!("fsdp 2 -> {devices} ranks");
         check_continues(&resumed, &straight, tensors * devices, &what);
     }
+    // A model of another width is refused, never cut to fit (the joined values would fill
+    // a smaller model's parameters without any shape error).
+    let narrower = {
+        <B as burn::tensor::backend::Backend>::seed(&Default::default(), 3);
+        tiny_vit().with_d_model(16).init::<B>(&Default::default())
+    };
+    let source = dir.clone();
+    let err = Accelerator::<B>::run(config(Strategy::Fsdp, 4), move |mut acc| {
+        let (model, optim) = acc.setup(narrower.clone(), AdamWConfig::new().init())?;
+        acc.load_state(&source, model, optim, 1e-3).map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("saved rank") && err.contains("shard"), "{err}");
     // A save missing a rank's part is not a complete save: an error naming what is there.
     std::fs::remove_dir_all(dir.join("rank-00001-of-00002")).unwrap();
     let err = run(Strategy::Fsdp, 4, other, Some(dir.clone()), None, 1)

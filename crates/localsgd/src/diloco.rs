@@ -265,6 +265,16 @@ where
         // Checked before any collective: every rank fails alike on a bad unit name.
         let fragments =
             Fragments::of_model(&model, self.config.fragments, &self.config.fragment_units)?;
+        if let Some(empty) = (0..fragments.count()).find(|p| fragments.is_empty(*p)) {
+            return Err(ParallelError::InvalidConfig {
+                field: "diloco.fragments",
+                value: format!(
+                    "{} (fragment {empty} would hold no parameter of this model)",
+                    self.config.fragments
+                ),
+                expected: "at most as many fragments as the model has parameter groups",
+            });
+        }
         let model = broadcast_from_rank0(&self.group, model)?;
         let mut global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
         if global.is_none() {

@@ -102,7 +102,9 @@ impl Health {
                 .iter()
                 .enumerate()
                 .find_map(|(other, r)| match r.waiting {
-                    Some((_, op)) if r.calls > calls => Some((other, op)),
+                    // Its own collective still running on another thread (a background
+                    // exchange) is stranded too: its peers would finish it without it.
+                    Some((_, op)) if r.calls > calls || other == rank => Some((other, op)),
                     _ => None,
                 })
         };

@@ -180,21 +180,23 @@ pub(crate) fn join_param_shards(
             )));
         }
         let mut tensor = 0;
+        let chunk = numels[position].div_ceil(records.len());
         visit_tensors(&mut entry, &mut |_, _| {
-            let mut values: Vec<f32> = ranks
-                .iter()
-                .filter_map(|r| r.get(tensor))
-                .flatten()
-                .copied()
-                .collect();
-            tensor += 1;
-            if values.len() < numels[position] {
-                return Err(bad(&format!(
-                    "parameter {position}: {} values in the ranks' chunks, {} needed",
-                    values.len(),
-                    numels[position]
-                )));
+            let mut values = Vec::with_capacity(chunk * ranks.len());
+            for (rank, tensors) in ranks.iter().enumerate() {
+                match tensors.get(tensor) {
+                    Some(part) if part.len() == chunk => values.extend_from_slice(part),
+                    other => {
+                        return Err(bad(&format!(
+                            "parameter {position}: saved rank {rank}'s state tensor {tensor} \
+                             holds {} values, a shard at {} ranks holds {chunk}",
+                            other.map_or(0, Vec::len),
+                            records.len()
+                        )));
+                    }
+                }
             }
+            tensor += 1;
             values.truncate(numels[position]);
             Ok((values, shapes[position].clone()))
         })?;

@@ -115,6 +115,8 @@ pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, I, TB, EB, EO> {
     callbacks: Vec<Box<dyn TrainerCallback>>,
     state: TrainerState,
     log: RunLog,
+    /// The optimizer step this run last saved a checkpoint at.
+    saved_at: Option<u64>,
 }
 
 impl<B, M, I, TB, EB, EO> Trainer<B, M, I, TB, EB, EO>
@@ -252,6 +254,7 @@ where
             callbacks,
             state,
             log,
+            saved_at: None,
         })
     }
 

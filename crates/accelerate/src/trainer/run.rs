@@ -373,13 +373,12 @@ where
         Ok(metrics)
     }
 
-    /// The error ending a run stopped by a signal, after saving a checkpoint (unless this
-    /// step's was just written).
+    /// The error ending a run stopped by a signal, after saving a checkpoint (unless this run
+    /// just saved this step's).
     fn stop_on_signal(&mut self) -> AccelerateError {
         let step = self.state.global_step;
-        let dir = checkpoint_dir(&self.args.output_dir, step);
-        let saved = match crate::sharded_state::is_state_dir(&dir) {
-            true => Ok(dir),
+        let saved = match self.saved_at == Some(step) {
+            true => Ok(checkpoint_dir(&self.args.output_dir, step)),
             false => self.save(),
         };
         match saved {
@@ -403,6 +402,7 @@ where
         let parts = checkpoint_parts(model, &mut self.optim, &mut self.schedule, &mut self.state);
         self.acc.save_parts(&dir, &parts)?;
         drop(parts);
+        self.saved_at = Some(self.state.global_step);
         if let Some(limit) = self.args.save_total_limit
             && self.acc.is_main_process()
         {

@@ -28,21 +28,35 @@ where
         saved: Vec<M>,
     ) -> Result<M, ParallelError> {
         let layout = self.layout_or_err()?;
+        let world = saved.len();
         let per_rank: Vec<Vec<Vec<f32>>> = saved.iter().map(param_values).collect();
+        if let Some((rank, params)) = per_rank
+            .iter()
+            .enumerate()
+            .find(|(_, params)| params.len() != layout.slots.len())
+        {
+            return Err(ParallelError::Record(format!(
+                "saved rank {rank} holds {} parameters, the model has {}",
+                params.len(),
+                layout.slots.len()
+            )));
+        }
         let mut full = Vec::with_capacity(layout.slots.len());
         for (position, slot) in layout.slots.iter().enumerate() {
-            let mut values: Vec<f32> = per_rank
-                .iter()
-                .filter_map(|rank| rank.get(position))
-                .flatten()
-                .copied()
-                .collect();
-            if values.len() < slot.numel {
-                return Err(ParallelError::Record(format!(
-                    "parameter {position}: the saved ranks hold {} values, the model needs {}",
-                    values.len(),
-                    slot.numel
-                )));
+            // Every saved rank's chunk of this parameter is exactly what FSDP at that world
+            // size keeps: a model of other shapes is refused, never cut to fit.
+            let chunk = slot.numel.div_ceil(world);
+            let mut values = Vec::with_capacity(chunk * world);
+            for (rank, params) in per_rank.iter().enumerate() {
+                if params[position].len() != chunk {
+                    return Err(ParallelError::Record(format!(
+                        "parameter {position} (shape {:?}): saved rank {rank} holds {} \
+                         values, a shard of it at {world} ranks holds {chunk}",
+                        slot.shape,
+                        params[position].len()
+                    )));
+                }
+                values.extend_from_slice(&params[position]);
             }
             values.truncate(slot.numel);
             full.push((values, slot.shape.clone()));
