@@ -66,7 +66,8 @@ pub struct AcceleratorConfig {
     pub project: ProjectConfig,
     /// Opt-in graceful stop: a SIGTERM or SIGINT no longer kills the process but makes
     /// [`Accelerator::stop_requested`](crate::Accelerator::stop_requested) true (on every
-    /// rank at the same step), so the loop can save and exit; a second signal exits at once.
+    /// rank at the same step), so the loop can save and exit; a second SIGINT exits at once
+    /// (SIGTERM never does). Building an Accelerator with it clears an earlier request.
     /// The Trainer saves a checkpoint and returns `Stopped`. Default false.
     pub stop_on_signal: bool,
 }

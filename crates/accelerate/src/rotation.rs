@@ -14,6 +14,9 @@ use crate::{AccelerateError, Accelerator, StateParts};
 /// A checkpoint directory's name prefix.
 const PREFIX: &str = "checkpoint_";
 
+/// Checkpoint numbers at or above this are ignored (never written, never deleted).
+const MAX_NUMBER: u64 = 1 << 48;
+
 impl<B: AutodiffBackend> Accelerator<B> {
     /// Saves `parts` like [`save_parts`](Self::save_parts) to the next numbered directory,
     /// `<project.dir>/checkpoints/checkpoint_<n>` (n from 0, one more than the highest there),
@@ -57,7 +60,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             .filter(|(_, dir)| is_state_dir(dir))
             .collect();
         found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
-        let newest = found.first().map_or(-1.0, |(n, _)| *n as f64);
+        let newest = found.first().map_or(0.0, |(n, _)| (*n + 1) as f64);
         if !self.same_on_every_rank(&[found.len() as f64, newest])? {
             return Err(AccelerateError::RanksDisagree(format!(
                 "load_checkpoint: the ranks see different checkpoints in {}",
@@ -104,7 +107,11 @@ fn numbered(root: &Path) -> Vec<(u64, PathBuf)> {
             let name = entry.file_name().to_string_lossy().into_owned();
             let digits = name.strip_prefix(PREFIX)?;
             let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
-            let n = digits.parse::<u64>().ok().filter(|_| plain)?;
+            // An absurd number is no checkpoint of ours (and would overflow the next one).
+            let n = digits
+                .parse::<u64>()
+                .ok()
+                .filter(|n| plain && *n < MAX_NUMBER)?;
             Some((n, entry.path()))
         })
         .collect()

@@ -205,14 +205,21 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(())
     }
 
-    /// Whether every rank passed the same `values` (small integers; two small all-reduces;
-    /// true on one device): each rank checks that the sum over ranks is `world` times its own
-    /// values, and the ranks then agree on the verdict.
+    /// Whether every rank passed the same `values` (non-negative integers below 2^64; two small
+    /// all-reduces; true on one device): each rank checks that the sum over ranks is `world`
+    /// times its own values, and the ranks then agree on the verdict. Each value travels as
+    /// four 16-bit parts, so the f32 sums stay exact at any count and up to 256 ranks.
     pub(crate) fn same_on_every_rank(&self, values: &[f64]) -> Result<bool, AccelerateError> {
         let Some(group) = self.strategy.group() else {
             return Ok(true);
         };
-        let mine: Vec<f32> = values.iter().map(|v| *v as f32).collect();
+        let mine: Vec<f32> = values
+            .iter()
+            .flat_map(|v| {
+                let v = *v as u64;
+                [0, 16, 32, 48].map(|shift| ((v >> shift) & 0xFFFF) as f32)
+            })
+            .collect();
         let tensor = Tensor::<B::InnerBackend, 1>::from_floats(mine.as_slice(), &self.device);
         let sums = group.all_reduce(tensor, ReduceOp::Sum)?;
         let sums = sums.into_data().to_vec::<f32>().unwrap_or_default();

@@ -1,7 +1,8 @@
 //! The opt-in graceful stop (`stop_on_signal`): SIGTERM or SIGINT sets a flag that the
 //! training loop polls with [`Accelerator::stop_requested`], so it can finish its step, save
-//! and exit with an error, what a pre-empted cluster job needs. A second signal while the
-//! stop is pending ends the process at once (Ctrl-C twice).
+//! and exit with an error, what a pre-empted cluster job needs. A second SIGINT while the
+//! stop is pending ends the process at once (Ctrl-C twice); SIGTERM never does (schedulers and
+//! `mpirun` often deliver it more than once). The handlers stay installed for the process.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
@@ -17,23 +18,26 @@ static REQUESTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBo
 /// The outcome of installing the handlers (once per process).
 static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
 
-/// The exit status of a second signal (128 + SIGINT, the shell's convention for Ctrl-C).
+/// The exit status of a second SIGINT (128 + SIGINT, the shell's convention for Ctrl-C).
 const SECOND_SIGNAL_EXIT: i32 = 130;
 
-/// Installs the SIGTERM and SIGINT handlers, once per process.
+/// Installs the SIGTERM and SIGINT handlers (once per process) and clears any earlier request,
+/// so a new run in the same process (a retry after a stop) starts afresh.
 pub(crate) fn install() -> Result<(), AccelerateError> {
+    REQUESTED.store(false, Ordering::SeqCst);
     INSTALLED
         .get_or_init(|| {
+            // Registered before the flag's own handler, so it sees the flag as it was: only a
+            // second Ctrl-C exits.
+            signal_hook::flag::register_conditional_shutdown(
+                SIGINT,
+                SECOND_SIGNAL_EXIT,
+                REQUESTED.clone(),
+            )
+            .map_err(|e| format!("cannot handle SIGINT: {e}"))?;
             for signal in [SIGTERM, SIGINT] {
-                // Registered first, so it sees the flag before this signal sets it: only a
-                // second signal exits.
-                signal_hook::flag::register_conditional_shutdown(
-                    signal,
-                    SECOND_SIGNAL_EXIT,
-                    REQUESTED.clone(),
-                )
-                .and_then(|_| signal_hook::flag::register(signal, REQUESTED.clone()))
-                .map_err(|e| format!("cannot handle signal {signal}: {e}"))?;
+                signal_hook::flag::register(signal, REQUESTED.clone())
+                    .map_err(|e| format!("cannot handle signal {signal}: {e}"))?;
             }
             Ok(())
         })
