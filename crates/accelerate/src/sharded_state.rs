@@ -13,8 +13,7 @@ use burn::tensor::{ElementConversion, Tensor};
 use crate::parts::StateParts;
 use crate::state::AcceleratorState;
 use crate::state_files::{
-    MANIFEST, holds_only_state_files, is_our_state_dir, new_staging_dir, swap_into_place,
-    write_state_files,
+    holds_only_state_files, is_our_state_dir, new_staging_dir, swap_into_place, write_state_files,
 };
 use crate::{AccelerateError, Accelerator};
 
@@ -146,25 +145,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 target: fs::read_link(dir).unwrap_or_default(),
             });
         }
-        if !meta.is_dir() || dir.join(MANIFEST).exists() {
-            return Err(foreign());
+        // A full state of ours (e.g. saved under DDP before this ZeRO-1 run) is replaced too.
+        match meta.is_dir() && (is_our_state_dir(dir) || holds_only_rank_states(dir)) {
+            true => Ok(()),
+            false => Err(foreign()),
         }
-        let entries = fs::read_dir(dir).map_err(|e| AccelerateError::io("reading", dir, e))?;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let ours = match name.strip_prefix('.') {
-                None => is_rank_dir_name(&name) && is_our_state_dir(&entry.path()),
-                Some(hidden) => {
-                    hidden.starts_with(RANK_PREFIX)
-                        && entry.file_type().is_ok_and(|t| t.is_dir())
-                        && holds_only_state_files(&entry.path())
-                }
-            };
-            if !ours {
-                return Err(foreign());
-            }
-        }
-        Ok(())
     }
 
     /// The error for a sharded load whose rank directory is missing, naming what is there.
@@ -273,6 +258,25 @@ pub(crate) fn saved_rank_dirs(dir: &Path) -> Vec<PathBuf> {
         true => found.into_iter().map(|(_, _, path)| path).collect(),
         false => Vec::new(),
     }
+}
+
+/// Whether `dir` holds nothing but rank directories afterburner wrote (and an older version's
+/// leftovers, `.rank-*` directories of state files): a sharded state of ours.
+pub(crate) fn holds_only_rank_states(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().all(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name.strip_prefix('.') {
+            None => is_rank_dir_name(&name) && is_our_state_dir(&entry.path()),
+            Some(hidden) => {
+                hidden.starts_with(RANK_PREFIX)
+                    && entry.file_type().is_ok_and(|t| t.is_dir())
+                    && holds_only_state_files(&entry.path())
+            }
+        }
+    })
 }
 
 /// Whether `name` is a rank directory's name, `rank-<5 digits>-of-<5 digits>`.

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::AccelerateError;
-use crate::sharded_state::{is_rank_dir_name, is_state_dir};
+use crate::sharded_state::{holds_only_rank_states, is_rank_dir_name, is_state_dir};
 
 const FORMAT: &str = "afterburner-state-v1";
 /// Written last; a directory holding it is a state directory.
@@ -264,7 +264,8 @@ pub(crate) fn check_replaceable(dir: &Path) -> Result<(), AccelerateError> {
             target: fs::read_link(dir).unwrap_or_default(),
         });
     }
-    match is_our_state_dir(dir) {
+    // A sharded state of ours (e.g. saved under ZeRO-1 before this DDP run) is replaced too.
+    match is_our_state_dir(dir) || (meta.is_dir() && holds_only_rank_states(dir)) {
         true => Ok(()),
         false => Err(AccelerateError::NotAStateDir {
             dir: dir.to_path_buf(),

@@ -138,8 +138,29 @@ fn a_zero_1_state_resumes_on_more_and_on_fewer_ranks() {
     // A full (DDP) state loads into ZeRO-1: each rank keeps the state it owns.
     let full = temp("ddp");
     run(Strategy::Ddp, 2, initial, None, Some((3, full.clone())), 3).unwrap();
-    let zero = run(Strategy::Zero1, 2, other, Some(full.clone()), None, 3).unwrap();
+    let zero = run(
+        Strategy::Zero1,
+        2,
+        other.clone(),
+        Some(full.clone()),
+        None,
+        3,
+    )
+    .unwrap();
     check_continues(&zero, &straight, tensors, "ddp -> zero-1");
+    // That run saves its sharded state over the full one, and a DDP run saves back over it.
+    run(
+        Strategy::Zero1,
+        2,
+        other.clone(),
+        None,
+        Some((1, full.clone())),
+        1,
+    )
+    .unwrap();
+    assert!(full.join("rank-00000-of-00002").is_dir() && !full.join("manifest.json").exists());
+    run(Strategy::Ddp, 2, other, None, Some((1, full.clone())), 1).unwrap();
+    assert!(full.join("manifest.json").is_file() && !full.join("rank-00000-of-00002").exists());
     std::fs::remove_dir_all(&full).ok();
 }
 
