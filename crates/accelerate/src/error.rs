@@ -151,6 +151,20 @@ pub enum AccelerateError {
         /// The checkpoint saved before stopping, if any.
         saved: Option<PathBuf>,
     },
+    /// A saved state lists more bytes than the memory available to load them (memory
+    /// pressure, or a sparse or foreign file listed at its size); nothing was read.
+    #[error(
+        "{path} lists {bytes} bytes of files, more than the {available} bytes of memory \
+         available to load them; nothing was read"
+    )]
+    TooLarge {
+        /// The manifest.
+        path: PathBuf,
+        /// The bytes it lists.
+        bytes: u64,
+        /// The memory available.
+        available: u64,
+    },
     /// A saved state or data file is damaged, truncated or of another format.
     #[error("corrupt {path}: {reason}")]
     Corrupt {

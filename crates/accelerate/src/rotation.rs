@@ -68,14 +68,30 @@ impl<B: AutodiffBackend> Accelerator<B> {
             )));
         }
         let mut first_error = None;
+        let mut damaged = Vec::new();
         for (_, dir) in found {
-            match self.load_parts(&dir, parts) {
-                Ok(()) => return Ok(Some(dir)),
-                Err(e) => {
-                    tracing::warn!(checkpoint = %dir.display(), error = %e, "checkpoint does not load; trying the previous one");
-                    first_error.get_or_insert(e);
+            let error = match self.load_parts(&dir, parts) {
+                Ok(()) => {
+                    if self.is_main_process() {
+                        set_aside(&damaged);
+                    }
+                    return Ok(Some(dir));
                 }
+                Err(e) => e,
+            };
+            // Only damage (a file that fails its checks or cannot be read) on some rank falls
+            // back; any other error (a model that does not fit, memory) is the answer. The
+            // ranks vote, so all take the same path.
+            let damage = matches!(
+                error,
+                AccelerateError::Corrupt { .. } | AccelerateError::Io { .. }
+            );
+            if self.ranks_voting_yes(damage)? == 0 {
+                return Err(first_error.unwrap_or(error));
             }
+            tracing::warn!(checkpoint = %dir.display(), error = %error, "checkpoint is damaged; trying the previous one");
+            damaged.push(dir);
+            first_error.get_or_insert(error);
         }
         match first_error {
             Some(e) => Err(e),
@@ -92,6 +108,22 @@ impl<B: AutodiffBackend> Accelerator<B> {
                  `project.dir` in the AcceleratorConfig ([project] dir = \"...\")"
                     .into(),
             )),
+        }
+    }
+}
+
+/// Renames damaged checkpoints aside (`.checkpoint_<n>.damaged-…`, kept for inspection), so
+/// rotation no longer counts them among the ones it keeps.
+fn set_aside(damaged: &[PathBuf]) {
+    for dir in damaged {
+        let aside = unique_sibling(dir, "damaged");
+        match fs::rename(dir, &aside) {
+            Ok(()) => {
+                tracing::warn!(checkpoint = %dir.display(), kept = %aside.display(), "damaged checkpoint set aside")
+            }
+            Err(e) => {
+                tracing::warn!(checkpoint = %dir.display(), error = %e, "cannot set a damaged checkpoint aside")
+            }
         }
     }
 }

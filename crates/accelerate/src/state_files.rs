@@ -318,13 +318,11 @@ pub(crate) fn read_verified(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, Accele
     if let Some(available) = memory_available()
         && listed > available
     {
-        return Err(AccelerateError::corrupt(
-            &manifest_path,
-            format!(
-                "lists {listed} bytes of files, more than the {available} bytes of memory \
-                 available to load them (a sparse or foreign file?); nothing was read"
-            ),
-        ));
+        return Err(AccelerateError::TooLarge {
+            path: manifest_path,
+            bytes: listed,
+            available,
+        });
     }
     manifest
         .files

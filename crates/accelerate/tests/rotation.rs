@@ -121,6 +121,32 @@ fn keeps_the_newest_and_falls_back_past_a_damaged_one() {
     let (path, params_loaded) = load(2);
     assert_eq!(path, saved[2].0);
     assert!(params_loaded == saved[2].1, "bitwise");
+    // The damaged one is set aside (kept, hidden), so rotation never counts it as a copy.
+    let listed = names(&checkpoints);
+    let visible = |names: Vec<String>| -> Vec<String> {
+        names.into_iter().filter(|n| !n.starts_with('.')).collect()
+    };
+    assert_eq!(visible(listed.clone()), ["checkpoint_1", "checkpoint_4"]);
+    assert!(
+        listed
+            .iter()
+            .any(|n| n.starts_with(".checkpoint_5.damaged-")),
+        "{listed:?}"
+    );
+
+    // A model that does not fit is an error, not a reason to fall back to an older one.
+    let mut acc = Accelerator::<B>::new(config(&root, 2), Default::default()).unwrap();
+    <B as burn::tensor::backend::Backend>::seed(&Default::default(), 5);
+    let mut other = tiny_vit().with_d_model(16).init::<B>(&Default::default());
+    let mut epoch = 0;
+    let err = acc
+        .load_checkpoint(&mut parts(&mut other, &mut optim, &mut epoch))
+        .unwrap_err();
+    assert!(matches!(err, AccelerateError::InvalidPart { .. }), "{err}");
+    assert_eq!(
+        visible(names(&checkpoints)),
+        ["checkpoint_1", "checkpoint_4"]
+    );
     std::fs::remove_dir_all(root).ok();
 }
 
