@@ -220,20 +220,36 @@ pub fn mean_param_states<B: Backend, G: ProcessGroup<B> + ?Sized>(
     device: &B::Device,
 ) -> Result<Vec<u8>, ParallelError> {
     let mut all = Vec::new();
-    map_tensors(bytes, index, |_, values, shape| {
+    let mut lengths = vec![0u64; index.len()];
+    map_tensors(bytes, index, |position, values, shape| {
         all.extend_from_slice(&values);
+        lengths[position] += values.len() as u64;
         Ok((values, shape))
     })?;
-    let len = all.len() as f32;
-    let lengths = group.all_reduce(Tensor::from_floats([len], device), ReduceOp::Sum)?;
-    let total = lengths.into_scalar().elem::<f32>();
-    if total != len * group.world_size() as f32 {
+    // Each parameter's state size must be the same on every rank (a parameter without a
+    // gradient yet has none): compared exactly, as 16-bit parts, then voted on.
+    let mine: Vec<f32> = lengths
+        .iter()
+        .flat_map(|l| [0, 16, 32].map(|shift| ((l >> shift) & 0xFFFF) as f32))
+        .collect();
+    let sums = group.all_reduce(Tensor::from_floats(mine.as_slice(), device), ReduceOp::Sum)?;
+    let sums = sums.into_data().convert::<f32>().into_vec::<f32>();
+    let world = group.world_size() as f32;
+    let differs = sums.map_or(true, |sums| {
+        sums.iter()
+            .zip(&mine)
+            .any(|(sum, m)| (sum - world * m).abs() > 0.5)
+    });
+    let votes = group.all_reduce(
+        Tensor::from_floats([f32::from(u8::from(differs))], device),
+        ReduceOp::Sum,
+    )?;
+    if votes.into_scalar().elem::<f32>() > 0.5 {
         return Err(ParallelError::Mismatch {
             rank: group.rank(),
-            reason: format!(
-                "the ranks' optimizer states differ in size ({len} values here): they cannot \
-                 be averaged"
-            ),
+            reason: "the ranks hold optimizer state for different parameters (one without a \
+                     gradient yet has none): it cannot be averaged"
+                .into(),
         });
     }
     let mean = group.all_reduce(Tensor::from_floats(all.as_slice(), device), ReduceOp::Mean)?;
