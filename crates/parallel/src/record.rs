@@ -377,3 +377,94 @@ fn as_tensor(value: &Value) -> Result<Option<(TensorData, DType)>, ParallelError
         dtype,
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LaunchConfig, launch};
+    use burn::backend::Flex;
+
+    /// A record in Burn's named MessagePack form holding, for each (id, values), one state
+    /// tensor.
+    fn record(params: &[(&str, &[f32])]) -> Vec<u8> {
+        let tensor = |values: &[f32]| {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            Value::Map(vec![
+                (Value::from("bytes"), Value::Binary(bytes)),
+                (
+                    Value::from("shape"),
+                    Value::Array(vec![Value::from(values.len() as u64)]),
+                ),
+                (Value::from("dtype"), Value::from("F32")),
+            ])
+        };
+        let item = params
+            .iter()
+            .map(|(id, values)| {
+                let state = Value::Map(vec![(Value::from("moment"), tensor(values))]);
+                (Value::from(*id), state)
+            })
+            .collect();
+        encode_value(&Value::Map(vec![(Value::from("item"), Value::Map(item))])).unwrap()
+    }
+
+    fn values(bytes: &[u8], index: &HashMap<String, usize>) -> Vec<f32> {
+        let mut all = Vec::new();
+        map_tensors(bytes, index, |_, values, shape| {
+            all.extend_from_slice(&values);
+            Ok((values, shape))
+        })
+        .unwrap();
+        all
+    }
+
+    #[test]
+    fn states_average_by_position_and_only_when_every_rank_holds_the_same_ones() {
+        // Rank 1 names its parameters differently (ids differ between ranks): positions pair.
+        let index = |ids: [&str; 2]| -> HashMap<String, usize> {
+            ids.iter()
+                .enumerate()
+                .map(|(i, id)| (id.to_string(), i))
+                .collect()
+        };
+        let averaged = launch::<Flex, _, String, _>(
+            vec![Default::default(); 2],
+            LaunchConfig::default(),
+            move |g| {
+                let (ids, bytes) = match g.rank() {
+                    0 => (["a", "b"], record(&[("a", &[1.0, 2.0]), ("b", &[10.0])])),
+                    _ => (["x", "y"], record(&[("y", &[30.0]), ("x", &[3.0, 4.0])])),
+                };
+                let index = index(ids);
+                let mean =
+                    mean_param_states(&g, &bytes, &index, g.device()).map_err(|e| e.to_string())?;
+                Ok(values(&mean, &index))
+            },
+        )
+        .unwrap();
+        assert_eq!(averaged, vec![vec![2.0, 3.0, 20.0]; 2]);
+
+        // Rank 1 has no state for its second parameter yet (no gradient reached it), and
+        // more for the first: the same total, but not the same parameters.
+        let refused = launch::<Flex, _, String, _>(
+            vec![Default::default(); 2],
+            LaunchConfig::default(),
+            move |g| {
+                let bytes = match g.rank() {
+                    0 => record(&[("a", &[1.0, 2.0]), ("b", &[10.0])]),
+                    _ => record(&[("a", &[1.0, 2.0, 3.0])]),
+                };
+                Ok(
+                    mean_param_states(&g, &bytes, &index(["a", "b"]), g.device())
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                )
+            },
+        )
+        .unwrap();
+        for result in refused {
+            let err = result.unwrap_err();
+            assert!(err.contains("different parameters"), "{err}");
+        }
+    }
+}
