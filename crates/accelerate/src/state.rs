@@ -374,7 +374,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if ranks.is_empty() {
             return Ok((files, state));
         }
-        let mut saved = Vec::with_capacity(ranks.len());
+        // One saved rank's files in memory at a time: each part reads what it needs.
         for dir in ranks {
             let rank_files = read_verified(dir)?;
             let same_save = rank_files
@@ -388,10 +388,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
                     "this rank's part is not from the same save as rank 0's",
                 ));
             }
-            saved.push((dir.clone(), rank_files));
         }
         for (name, slot) in &parts.parts {
-            if let Some(bytes) = slot.merge_ranks(self, parts, name, &saved)? {
+            if let Some(bytes) = slot.merge_ranks(self, parts, name, ranks)? {
                 let file = part_file(name);
                 if let Some(entry) = files.iter_mut().find(|(n, _)| *n == file) {
                     entry.1 = bytes;

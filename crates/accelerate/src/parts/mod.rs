@@ -235,20 +235,38 @@ pub(crate) trait Slot<B: AutodiffBackend> {
         true
     }
 
-    /// Under a load of per-rank states saved at another world size (ZeRO-1): this part's
-    /// bytes merged from every saved rank (`ranks[k]`: rank k's directory and verified files),
-    /// or `None` to take rank 0's (every part but optimizers). `name` is this part's name;
+    /// Under a load of per-rank states saved at another world size (ZeRO-1, FSDP): this
+    /// part's bytes merged from every saved rank (`ranks[k]`: rank k's directory, read one at
+    /// a time with [`rank_files`]), or `None` to take rank 0's. `name` is this part's name;
     /// `parts` gives an optimizer its model. Local work only.
     fn merge_ranks(
         &self,
         _acc: &Accelerator<B>,
         _parts: &StateParts<'_, B>,
         _name: &str,
-        _ranks: &[RankFiles],
+        _ranks: &[std::path::PathBuf],
     ) -> Result<Option<Vec<u8>>, AccelerateError> {
         Ok(None)
     }
 }
 
-/// One saved rank's directory and its verified files (name, bytes).
-pub(crate) type RankFiles = (std::path::PathBuf, Vec<(String, Vec<u8>)>);
+/// The verified bytes of each file `names` of the saved rank directory `dir` (the rest of the
+/// directory is dropped at once).
+pub(crate) fn rank_files<const N: usize>(
+    dir: &std::path::Path,
+    names: [&str; N],
+) -> Result<[Vec<u8>; N], AccelerateError> {
+    let mut files = crate::state_files::read_verified(dir)?;
+    let mut take = |name: &str| {
+        files
+            .iter()
+            .position(|(n, _)| n == name)
+            .map(|i| files.swap_remove(i).1)
+            .ok_or_else(|| AccelerateError::corrupt(dir.join(name), "missing"))
+    };
+    let mut out: [Vec<u8>; N] = std::array::from_fn(|_| Vec::new());
+    for (slot, name) in out.iter_mut().zip(names) {
+        *slot = take(name)?;
+    }
+    Ok(out)
+}

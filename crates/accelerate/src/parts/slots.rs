@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use afterburner_parallel::{TrainingStrategy, param_ids};
 use burn::module::AutodiffModule;
@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::checks::{has_nonfinite, load_checked, load_structure};
-use super::{Mode, Part, RankFiles, Slot, StateParts, Stateful, part_file};
+use super::{Mode, Part, Slot, StateParts, Stateful, part_file, rank_files};
 use crate::state::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
 
@@ -123,21 +123,16 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
         acc: &Accelerator<B>,
         _parts: &StateParts<'_, B>,
         name: &str,
-        ranks: &[RankFiles],
+        ranks: &[PathBuf],
     ) -> Result<Option<Vec<u8>>, AccelerateError> {
         if !acc.strategy.saved_models_are_shards() {
             return Ok(None);
         }
         let file = part_file(name);
         let mut saved = Vec::with_capacity(ranks.len());
-        for (dir, files) in ranks {
-            let path = dir.join(&file);
-            let bytes = files
-                .iter()
-                .find(|(n, _)| *n == file)
-                .map(|(_, bytes)| bytes.clone())
-                .ok_or_else(|| AccelerateError::corrupt(&path, "missing"))?;
-            let record = decode_record::<B, M::Record>(bytes, &acc.device, &path)?;
+        for dir in ranks {
+            let [bytes] = rank_files(dir, [&file])?;
+            let record = decode_record::<B, M::Record>(bytes, &acc.device, &dir.join(&file))?;
             saved.push(load_structure(&*self.model, record)?);
         }
         let full = acc.strategy.join_saved_models(saved)?;
@@ -234,13 +229,13 @@ where
 
     /// Every saved rank's optimizer states in one record, keyed by the parameter ids of rank
     /// 0's model (the one a merged load stages): each rank's record is re-keyed through its
-    /// own saved model, whose ids may differ.
+    /// own saved model, whose ids may differ. One saved rank in memory at a time.
     fn merge_ranks(
         &self,
         acc: &Accelerator<B>,
         parts: &StateParts<'_, B>,
         name: &str,
-        ranks: &[RankFiles],
+        ranks: &[PathBuf],
     ) -> Result<Option<Vec<u8>>, AccelerateError> {
         let (model_name, template) = parts
             .parts
@@ -250,23 +245,17 @@ where
         let (model_file, own_file) = (part_file(model_name), part_file(name));
         let mut records = Vec::with_capacity(ranks.len());
         let mut ids_of_rank_0 = None;
-        for (dir, files) in ranks {
-            let file = |wanted: &str| {
-                files
-                    .iter()
-                    .find(|(n, _)| n == wanted)
-                    .map(|(_, bytes)| bytes.clone())
-                    .ok_or_else(|| AccelerateError::corrupt(dir.join(wanted), "missing"))
-            };
+        for dir in ranks {
+            let [model, own] = rank_files(dir, [&model_file, &own_file])?;
             let path = dir.join(&model_file);
-            let record = decode_record::<B, M::Record>(file(&model_file)?, &acc.device, &path)?;
+            let record = decode_record::<B, M::Record>(model, &acc.device, &path)?;
             let ids = param_ids(&load_structure(template, record)?);
             let index = ids
                 .iter()
                 .enumerate()
                 .map(|(i, id)| (id.clone(), i))
                 .collect();
-            records.push((file(&own_file)?, index));
+            records.push((own, index));
             ids_of_rank_0.get_or_insert(ids);
         }
         let ids = ids_of_rank_0.unwrap_or_default();
