@@ -14,7 +14,7 @@
 //! [`StateLayout`]: one directory written by rank 0, one per rank (`sharded_state`), or one
 //! gathered from every rank's shards and written by rank 0.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use afterburner_parallel::{StateLayout, StrategyState, TrainingStrategy};
 use afterburner_precision::{GradScaler, GradScalerState, Precision};
@@ -30,25 +30,18 @@ use crate::data::DataProgress;
 use crate::parts::{
     ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file, refuse_nonfinite_models,
 };
-use crate::sharded_state::saved_rank_dirs;
-use crate::state_files::{
-    MANIFEST, check_replaceable, read_verified, recover_moved_aside, write_atomically,
-};
+use crate::state_files::{check_replaceable, read_verified, recover_moved_aside, write_atomically};
 use crate::{AccelerateError, Accelerator, NonFinitePolicy};
 
 /// The Accelerator's own part.
-const ACCELERATOR_FILE: &str = "accelerator.json";
+pub(crate) const ACCELERATOR_FILE: &str = "accelerator.json";
 /// The strategy's own state (DiLoCo's global parameters, ...), when it keeps any.
 const STRATEGY_FILE: &str = "strategy.mpk";
 
 type StateRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
 /// A state directory's files: (file name, bytes).
-type StateFiles = Vec<(String, Vec<u8>)>;
-
-/// Where a load reads: the directory, the mode, whether it is this rank's part of a sharded
-/// state, and the saved ranks to merge (see `Accelerator::state_source`).
-type StateSource = (PathBuf, Mode, bool, Vec<PathBuf>);
+pub(crate) type StateFiles = Vec<(String, Vec<u8>)>;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct AcceleratorState {
@@ -319,90 +312,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
             scaler.load_state(saved)?;
         }
         Ok(scaler)
-    }
-
-    /// Where this rank reads a state from, whether it is a gathered (full) one, whether it
-    /// is this rank's own part of a sharded one, and the saved ranks' directories to merge
-    /// when a per-rank state of another world size loads by merging (ZeRO-1; empty
-    /// otherwise). Every rank takes the same path.
-    fn state_source(&self, dir: &Path) -> Result<StateSource, AccelerateError> {
-        if self.strategy.state_layout() == StateLayout::Replicated {
-            return Ok((dir.to_path_buf(), Mode::Local, false, Vec::new()));
-        }
-        if self.strategy.loads_full_state() {
-            let full = dir.join(MANIFEST).is_file();
-            // Every rank must take the same path (each runs collectives).
-            if !self.same_on_every_rank(&[f64::from(u8::from(full))])? {
-                return Err(AccelerateError::RanksDisagree(format!(
-                    "load_state: the ranks do not see the same state at {} (a full state on \
-                     some, a sharded one on others)",
-                    dir.display()
-                )));
-            }
-            if full {
-                return Ok((dir.to_path_buf(), Mode::Gathered, false, Vec::new()));
-            }
-        }
-        let mine = self.rank_dir(dir);
-        if self.strategy.merges_rank_states() {
-            let saved = match mine.is_dir() {
-                true => Vec::new(),
-                false => saved_rank_dirs(dir),
-            };
-            if !self.same_on_every_rank(&[saved.len() as f64])? {
-                return Err(AccelerateError::RanksDisagree(format!(
-                    "load_state: the ranks do not see the same sharded state at {}",
-                    dir.display()
-                )));
-            }
-            if let Some(rank_0) = saved.first() {
-                return Ok((rank_0.clone(), Mode::Gathered, false, saved));
-            }
-        }
-        Ok((mine, Mode::Local, true, Vec::new()))
-    }
-
-    /// Under a merged load (`ranks` not empty): `read` (rank 0's files) with each optimizer
-    /// part's bytes merged from every saved rank, after checking every rank's part comes
-    /// from the same save.
-    fn merge_rank_parts(
-        &self,
-        parts: &StateParts<'_, B>,
-        ranks: &[PathBuf],
-        (mut files, state): (StateFiles, AcceleratorState),
-    ) -> Result<(StateFiles, AcceleratorState), AccelerateError> {
-        if ranks.is_empty() {
-            return Ok((files, state));
-        }
-        // One saved rank's files in memory at a time: each part reads what it needs.
-        for dir in ranks {
-            let rank_files = read_verified(dir)?;
-            let same_save = rank_files
-                .iter()
-                .find(|(n, _)| n == ACCELERATOR_FILE)
-                .and_then(|(_, bytes)| serde_json::from_slice::<AcceleratorState>(bytes).ok())
-                .is_some_and(|s| s.counters == state.counters);
-            if !same_save {
-                return Err(AccelerateError::corrupt(
-                    dir.join(ACCELERATOR_FILE),
-                    "this rank's part is not from the same save as rank 0's",
-                ));
-            }
-        }
-        for (name, slot) in &parts.parts {
-            if let Some(bytes) = slot.merge_ranks(self, parts, name, ranks)? {
-                let file = part_file(name);
-                if let Some(entry) = files.iter_mut().find(|(n, _)| *n == file) {
-                    entry.1 = bytes;
-                }
-            }
-        }
-        tracing::info!(
-            saved_ranks = ranks.len(),
-            world_size = self.world_size(),
-            "merged a sharded state saved at another world size"
-        );
-        Ok((files, state))
     }
 
     /// The verified files of the state at `dir` and the Accelerator's part; errors on a part

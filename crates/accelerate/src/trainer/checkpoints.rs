@@ -4,8 +4,12 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::AccelerateError;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::HfSchedule;
+use super::TrainerState;
 use crate::sharded_state::is_state_dir;
+use crate::{AccelerateError, StateParts};
 
 const PREFIX: &str = "checkpoint-";
 
@@ -90,6 +94,25 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     a == b
         || a.file_name()
             .is_some_and(|name| Some(name) == b.file_name())
+}
+
+/// The parts of a Trainer checkpoint, in their saved order.
+pub(crate) fn checkpoint_parts<'a, B, M, O>(
+    model: &'a mut M,
+    optim: &'a mut O,
+    schedule: &'a mut HfSchedule,
+    state: &'a mut TrainerState,
+) -> StateParts<'a, B>
+where
+    B: AutodiffBackend,
+    M: burn::module::AutodiffModule<B> + 'static,
+    O: burn::optim::Optimizer<M, B>,
+{
+    StateParts::new()
+        .model("model", model)
+        .optimizer::<M, _>("optimizer", optim)
+        .scheduler("scheduler", schedule)
+        .serde("trainer_state", state)
 }
 
 #[cfg(test)]

@@ -11,14 +11,16 @@ use burn::train::InferenceStep;
 use burn::train::metric::{Adaptor, LossInput, LossMetric, Metric};
 
 use super::EvalMetric;
-use super::checkpoints::{checkpoint_dir, checkpoints_to_delete, list_checkpoints};
+use super::checkpoints::{
+    checkpoint_dir, checkpoint_parts, checkpoints_to_delete, list_checkpoints,
+};
 use super::metrics::metadata;
 use super::{
-    EvalModel, Flow, HfSchedule, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics,
-    TrainLoss, TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
+    EvalModel, Flow, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss,
+    TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
-use crate::{AccelerateError, StateParts, StepOutcome};
+use crate::{AccelerateError, StepOutcome};
 
 /// Where in the loop an event happens.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -480,25 +482,6 @@ where
         data.to_vec::<f64>()
             .map_err(|e| AccelerateError::Usage(format!("reading a reduced metric: {e:?}")))
     }
-}
-
-/// The parts of a Trainer checkpoint, in their saved order.
-fn checkpoint_parts<'a, B, M, O>(
-    model: &'a mut M,
-    optim: &'a mut O,
-    schedule: &'a mut HfSchedule,
-    state: &'a mut TrainerState,
-) -> StateParts<'a, B>
-where
-    B: AutodiffBackend,
-    M: burn::module::AutodiffModule<B> + 'static,
-    O: burn::optim::Optimizer<M, B>,
-{
-    StateParts::new()
-        .model("model", model)
-        .optimizer::<M, _>("optimizer", optim)
-        .scheduler("scheduler", schedule)
-        .serde("trainer_state", state)
 }
 
 /// Steps between two events of an interval `every` (below 1: a share of `total`).

@@ -1,0 +1,104 @@
+//! Where a load reads from: the state itself, this rank's part of a sharded one, or, for a
+//! sharded state saved at another world size, every saved rank's part merged (ZeRO-1's
+//! optimizer records, FSDP's shards).
+
+use std::path::{Path, PathBuf};
+
+use afterburner_parallel::{StateLayout, TrainingStrategy};
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::parts::{Mode, StateParts, part_file};
+use crate::sharded_state::saved_rank_dirs;
+use crate::state::{ACCELERATOR_FILE, AcceleratorState, StateFiles};
+use crate::state_files::{MANIFEST, read_verified};
+use crate::{AccelerateError, Accelerator};
+
+/// Where a load reads: the directory, the mode, whether it is this rank's part of a sharded
+/// state, and the saved ranks to merge (see `Accelerator::state_source`).
+pub(crate) type StateSource = (PathBuf, Mode, bool, Vec<PathBuf>);
+
+impl<B: AutodiffBackend> Accelerator<B> {
+    /// Where this rank reads a state from, whether it is a gathered (full) one, whether it
+    /// is this rank's own part of a sharded one, and the saved ranks' directories to merge
+    /// when a per-rank state of another world size loads by merging (ZeRO-1; empty
+    /// otherwise). Every rank takes the same path.
+    pub(crate) fn state_source(&self, dir: &Path) -> Result<StateSource, AccelerateError> {
+        if self.strategy.state_layout() == StateLayout::Replicated {
+            return Ok((dir.to_path_buf(), Mode::Local, false, Vec::new()));
+        }
+        if self.strategy.loads_full_state() {
+            let full = dir.join(MANIFEST).is_file();
+            // Every rank must take the same path (each runs collectives).
+            if !self.same_on_every_rank(&[f64::from(u8::from(full))])? {
+                return Err(AccelerateError::RanksDisagree(format!(
+                    "load_state: the ranks do not see the same state at {} (a full state on \
+                     some, a sharded one on others)",
+                    dir.display()
+                )));
+            }
+            if full {
+                return Ok((dir.to_path_buf(), Mode::Gathered, false, Vec::new()));
+            }
+        }
+        let mine = self.rank_dir(dir);
+        if self.strategy.merges_rank_states() {
+            let saved = match mine.is_dir() {
+                true => Vec::new(),
+                false => saved_rank_dirs(dir),
+            };
+            if !self.same_on_every_rank(&[saved.len() as f64])? {
+                return Err(AccelerateError::RanksDisagree(format!(
+                    "load_state: the ranks do not see the same sharded state at {}",
+                    dir.display()
+                )));
+            }
+            if let Some(rank_0) = saved.first() {
+                return Ok((rank_0.clone(), Mode::Gathered, false, saved));
+            }
+        }
+        Ok((mine, Mode::Local, true, Vec::new()))
+    }
+
+    /// Under a merged load (`ranks` not empty): `read` (rank 0's files) with each optimizer
+    /// part's bytes merged from every saved rank, after checking every rank's part comes
+    /// from the same save.
+    pub(crate) fn merge_rank_parts(
+        &self,
+        parts: &StateParts<'_, B>,
+        ranks: &[PathBuf],
+        (mut files, state): (StateFiles, AcceleratorState),
+    ) -> Result<(StateFiles, AcceleratorState), AccelerateError> {
+        if ranks.is_empty() {
+            return Ok((files, state));
+        }
+        // One saved rank's files in memory at a time: each part reads what it needs.
+        for dir in ranks {
+            let rank_files = read_verified(dir)?;
+            let same_save = rank_files
+                .iter()
+                .find(|(n, _)| n == ACCELERATOR_FILE)
+                .and_then(|(_, bytes)| serde_json::from_slice::<AcceleratorState>(bytes).ok())
+                .is_some_and(|s| s.counters == state.counters);
+            if !same_save {
+                return Err(AccelerateError::corrupt(
+                    dir.join(ACCELERATOR_FILE),
+                    "this rank's part is not from the same save as rank 0's",
+                ));
+            }
+        }
+        for (name, slot) in &parts.parts {
+            if let Some(bytes) = slot.merge_ranks(self, parts, name, ranks)? {
+                let file = part_file(name);
+                if let Some(entry) = files.iter_mut().find(|(n, _)| *n == file) {
+                    entry.1 = bytes;
+                }
+            }
+        }
+        tracing::info!(
+            saved_ranks = ranks.len(),
+            world_size = self.world_size(),
+            "merged a sharded state saved at another world size"
+        );
+        Ok((files, state))
+    }
+}
