@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use afterburner::demos::models::Vit;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
 use burn::optim::SgdConfig;
-use common::{B, flatten, params, rng_lock, vit};
+use common::{B, flatten, names, params, rng_lock, vit};
 
 fn root(name: &str) -> PathBuf {
     let dir =
@@ -35,16 +35,6 @@ fn copy_dir(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).unwrap().flatten() {
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 #[test]

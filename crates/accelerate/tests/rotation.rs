@@ -42,16 +42,6 @@ fn parts<'a>(model: &'a mut Vit<B>, optim: &'a mut Optim, epoch: &'a mut u32) ->
         .serde("epoch", epoch)
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
 #[test]
 fn keeps_the_newest_and_falls_back_past_a_damaged_one() {
     let _rng = rng_lock();

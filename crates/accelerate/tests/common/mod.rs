@@ -130,3 +130,14 @@ pub fn train_96_digits(
         acc.gradient_all_reduces(),
     ))
 }
+
+/// The entry names of `dir`, sorted.
+pub fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
