@@ -70,12 +70,17 @@ where
     let health = Arc::new(Health::new(world, burn_collective::reset_collective::<B>));
     let worker = Arc::new(worker);
     let (done_tx, done) = mpsc::channel();
+    let own_copies: Vec<bool> = devices
+        .iter()
+        .map(|d| crate::local::needs_own_copies::<B>(d, &devices))
+        .collect();
     for (rank, device) in devices.into_iter().enumerate() {
         let (shared, worker, done_tx) = (health.clone(), worker.clone(), done_tx.clone());
+        let own_copies = own_copies[rank];
         let spawned = thread::Builder::new()
             .name(format!("afterburner-rank-{rank}"))
             .spawn(move || {
-                let result = run_worker(rank, world, device, &shared, &*worker);
+                let result = run_worker(rank, world, device, own_copies, &shared, &*worker);
                 let _ = done_tx.send((rank, result));
             });
         if let Err(e) = spawned {
@@ -94,6 +99,7 @@ fn run_worker<B, R, E, F>(
     rank: usize,
     world: usize,
     device: B::Device,
+    own_copies: bool,
     health: &Arc<Health>,
     worker: &F,
 ) -> Option<R>
@@ -112,7 +118,7 @@ where
         }));
         return None;
     }
-    let group = LocalGroup::new(rank, world, device, health.clone());
+    let group = LocalGroup::new(rank, world, device, health.clone(), own_copies);
     let outcome = catch_unwind(AssertUnwindSafe(|| worker(group)));
     let failure = match outcome {
         Ok(Ok(value)) => {

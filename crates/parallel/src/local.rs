@@ -150,6 +150,23 @@ pub struct LocalGroup<B: Backend> {
     world_size: usize,
     device: B::Device,
     health: Arc<Health>,
+    /// Whether results are copied through the host into a buffer of this rank's own (see
+    /// [`needs_own_copies`]).
+    own_copies: bool,
+}
+
+/// Whether ranks on `device` must copy collective results into buffers of their own: when
+/// another rank runs on the same device of an asynchronous (GPU) backend. burn-collective then
+/// hands every rank the same device buffer, which each rank's thread uses on its own stream;
+/// on wgpu (lavapipe) FSDP's gathers and reduce-scatters then read values another rank's
+/// stream changed (FSDP differed from DDP by a factor of 20-40; xtask's backend suite,
+/// `fsdp_equals_ddp`). Ranks on distinct devices get their own copies from burn-collective,
+/// and Burn's CPU backends (flex, ndarray) run each op to completion, so neither copies.
+pub(crate) fn needs_own_copies<B: Backend>(device: &B::Device, devices: &[B::Device]) -> bool {
+    let shared = devices.iter().filter(|d| *d == device).count() > 1;
+    let name = B::name(device).to_ascii_lowercase();
+    let synchronous = ["flex", "ndarray"].iter().any(|cpu| name.contains(cpu));
+    shared && !synchronous
 }
 
 impl<B: Backend> LocalGroup<B> {
@@ -158,12 +175,25 @@ impl<B: Backend> LocalGroup<B> {
         world_size: usize,
         device: B::Device,
         health: Arc<Health>,
+        own_copies: bool,
     ) -> Self {
         Self {
             rank,
             world_size,
             device,
             health,
+            own_copies,
+        }
+    }
+
+    /// A collective's result as this rank's tensor (copied through the host where ranks
+    /// share a device of an asynchronous backend).
+    fn receive(&self, primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
+        let result = tensor(primitive);
+        if self.own_copies {
+            Tensor::from_data(result.into_data(), &self.device)
+        } else {
+            result
         }
     }
 
@@ -224,7 +254,7 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
         self.run("all_reduce", || {
             burn_collective::all_reduce::<B>(self.peer(), primitive(t), op)
         })
-        .map(tensor)
+        .map(|p| self.receive(p))
     }
 
     fn broadcast(
@@ -241,6 +271,6 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
         self.run("broadcast", || {
             burn_collective::broadcast::<B>(self.peer(), t.map(primitive))
         })
-        .map(tensor)
+        .map(|p| self.receive(p))
     }
 }

@@ -1,53 +1,141 @@
 //! `cargo test-all [ARGS]`: runs `cargo test --workspace`, adding the suites whose system
 //! packages this machine has, and says which it skipped and how to install what they need.
-//! Extra arguments go to `cargo test` (e.g. `cargo test-all -- --nocapture`). The exit code
-//! is `cargo test`'s.
+//! Extra arguments go to every `cargo test` it runs (e.g. `cargo test-all -- --nocapture`).
+//! The exit code is the first failing `cargo test`'s, 0 when all pass.
 //!
 //! Suites behind system packages:
 //! - MPI (`--features mpi`: multi-process runs under `mpirun`): Open MPI and libclang.
+//! - wgpu (the backend suite of xtask/src/suite on Burn's wgpu backend): a Vulkan loader and
+//!   driver; Mesa's software driver (lavapipe) runs it on a machine with no GPU.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
 /// The Debian/Ubuntu packages the MPI suites need.
 const MPI_PACKAGES: &str = "libopenmpi-dev openmpi-bin libclang-dev";
+/// The Debian/Ubuntu packages of the Vulkan loader and Mesa's drivers (lavapipe on the CPU).
+const VULKAN_PACKAGES: &str = "libvulkan1 mesa-vulkan-drivers";
 
 fn main() -> ExitCode {
     let extra: Vec<String> = std::env::args().skip(1).collect();
     let mpi = missing_for_mpi();
-    let mut args = vec!["test".to_string(), "--workspace".to_string()];
+    let vulkan = missing_for_vulkan();
+    let mut workspace = vec!["test".to_string(), "--workspace".to_string()];
     match &mpi {
-        None => args.extend(["--features".to_string(), "mpi".to_string()]),
+        None => workspace.extend(["--features".to_string(), "mpi".to_string()]),
         Some(missing) => {
             println!("test-all: skipping the MPI suites ({missing} not found)");
             println!("test-all: to run them: sudo apt-get install -y {MPI_PACKAGES}");
         }
     }
-    let (before, after) = match extra.iter().position(|a| a == "--") {
-        Some(i) => (&extra[..i], &extra[i..]),
-        None => (&extra[..], &[][..]),
-    };
-    args.extend(before.iter().cloned());
-    args.extend(after.iter().cloned());
-    println!("test-all: cargo {}", args.join(" "));
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let status = match Command::new(cargo).args(&args).status() {
-        Ok(status) => status,
-        Err(e) => {
-            eprintln!("test-all: cannot run cargo: {e}");
-            return ExitCode::from(2);
+    let mut runs = vec![with_extra(workspace, &extra, None)];
+    match &vulkan {
+        // Only the suite's wgpu tests: its flex tests ran in the workspace run.
+        None => runs.push(with_extra(
+            ["test", "-p", "xtask", "--features", "wgpu"]
+                .map(String::from)
+                .to_vec(),
+            &extra,
+            Some(["--test", "backend_suite", "wgpu::"]),
+        )),
+        Some(missing) => {
+            println!("test-all: skipping the wgpu backend suite ({missing} not found)");
+            println!("test-all: to run it: sudo apt-get install -y {VULKAN_PACKAGES}");
         }
-    };
+    }
+    let mut code = 0;
+    for args in runs {
+        let status = cargo(&args);
+        if code == 0 && status != 0 {
+            code = status;
+        }
+    }
     if let Some(missing) = &mpi {
         println!(
             "test-all: the MPI suites were skipped ({missing} not found; sudo apt-get install \
              -y {MPI_PACKAGES})"
         );
     }
-    match status.code() {
-        Some(0) => ExitCode::SUCCESS,
-        Some(code) => ExitCode::from(code.clamp(1, 255) as u8),
-        None => ExitCode::FAILURE,
+    if let Some(missing) = &vulkan {
+        println!(
+            "test-all: the wgpu backend suite was skipped ({missing} not found; sudo apt-get \
+             install -y {VULKAN_PACKAGES})"
+        );
+    }
+    ExitCode::from(code)
+}
+
+/// `args` with the caller's extra arguments (those before `--` go to cargo, the rest to the
+/// test binaries) and, when given, one test target and a name filter for it.
+fn with_extra(mut args: Vec<String>, extra: &[String], target: Option<[&str; 3]>) -> Vec<String> {
+    let (before, after) = match extra.iter().position(|a| a == "--") {
+        Some(i) => (&extra[..i], &extra[i + 1..]),
+        None => (extra, &[][..]),
+    };
+    args.extend(before.iter().cloned());
+    if let Some([flag, name, _]) = target {
+        args.extend([flag.to_string(), name.to_string()]);
+    }
+    if !after.is_empty() || target.is_some() {
+        args.push("--".to_string());
+    }
+    if let Some([_, _, filter]) = target {
+        args.push(filter.to_string());
+    }
+    args.extend(after.iter().cloned());
+    args
+}
+
+/// Runs cargo with `args`; its exit code (2 when it cannot start, 1 when killed by a signal).
+fn cargo(args: &[String]) -> u8 {
+    println!("test-all: cargo {}", args.join(" "));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    match Command::new(cargo).args(args).status() {
+        Ok(status) => match status.code() {
+            Some(code) => code.clamp(0, 255) as u8,
+            None => 1,
+        },
+        Err(e) => {
+            eprintln!("test-all: cannot run cargo: {e}");
+            2
+        }
+    }
+}
+
+/// What the wgpu suite lacks on this machine (`None`: nothing): the Vulkan loader and at
+/// least one installed driver (an ICD manifest). macOS runs wgpu on Metal and needs neither.
+fn missing_for_vulkan() -> Option<String> {
+    if cfg!(target_os = "macos") {
+        return None;
+    }
+    let loader = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+    ]
+    .iter()
+    .any(|dir| Path::new(dir).join("libvulkan.so.1").exists());
+    let icd_dirs = [
+        "/usr/share/vulkan/icd.d",
+        "/etc/vulkan/icd.d",
+        "/usr/local/share/vulkan/icd.d",
+    ];
+    let driver = std::env::var_os("VK_ICD_FILENAMES").is_some()
+        || std::env::var_os("VK_DRIVER_FILES").is_some()
+        || icd_dirs.iter().any(|dir| {
+            std::fs::read_dir(dir).is_ok_and(|entries| {
+                entries
+                    .flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            })
+        });
+    match (loader, driver) {
+        (true, true) => None,
+        (false, true) => Some("the Vulkan loader libvulkan.so.1".into()),
+        (true, false) => Some("a Vulkan driver".into()),
+        (false, false) => Some("the Vulkan loader and driver".into()),
     }
 }
 

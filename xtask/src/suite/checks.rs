@@ -1,0 +1,264 @@
+//! The checks, each written once over the backend: a training property that must hold on any
+//! backend, compared within that backend (so no CPU/GPU rounding difference enters).
+
+use afterburner::precision::PrecisionError;
+use afterburner::{
+    AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Precision,
+    Strategy,
+};
+use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
+use burn::tensor::DType;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::helpers::*;
+
+/// Gradients of one batch under `precision` (which the backend must support) match f32's
+/// (relative L2 below 2e-2) and are not f32's (the half compute ran); master weights stay f32.
+/// Where the backend lacks the half dtype, the Accelerator must refuse the precision with the
+/// named `UnsupportedDtype` error.
+pub fn mixed_gradients<B: AutodiffBackend>(
+    device: &B::Device,
+    precision: Precision,
+) -> Result<String, String> {
+    let half = precision.compute_dtype();
+    let config = |precision| AcceleratorConfig {
+        precision,
+        ..Default::default()
+    };
+    if !B::supports_dtype(device, half) {
+        return match Accelerator::<B>::new(config(precision), device.clone()) {
+            Err(AccelerateError::Precision(e @ PrecisionError::UnsupportedDtype { .. })) => {
+                Ok(format!("{half:?} unsupported here, refused by name: {e}"))
+            }
+            Err(e) => Err(format!("{precision} refused with the wrong error: {e}")),
+            Ok(_) => Err(format!(
+                "{precision} accepted on a backend without {half:?} (it would silently run f32)"
+            )),
+        };
+    }
+    let grads = |precision| -> Result<(Vec<f32>, Vec<DType>), String> {
+        let acc = Accelerator::<B>::new(config(precision), device.clone()).map_err(text)?;
+        let model = acc.setup_model(tiny_vit::<B>(device, 7)).map_err(text)?;
+        let batch = digits_batch::<B>(device, 0, 16)?;
+        let logits = logits(&acc, &model, &batch).map_err(text)?;
+        if logits.dtype() != DType::F32 {
+            return Err(format!(
+                "{precision}: logits came back in {:?}",
+                logits.dtype()
+            ));
+        }
+        let grads = GradientsParams::from_grads(cross_entropy(logits, &batch).backward(), &model);
+        Ok((flat_grads(&model, &grads), param_dtypes(&model)))
+    };
+    let (reference, _) = grads(Precision::Full32)?;
+    let (mixed, dtypes) = grads(precision)?;
+    if dtypes.iter().any(|d| *d != DType::F32) {
+        return Err(format!(
+            "{precision}: master weights are not all f32: {dtypes:?}"
+        ));
+    }
+    let err = rel_l2(&mixed, &reference);
+    if err == 0.0 {
+        return Err(format!(
+            "{precision}: gradients equal f32's bitwise: no half compute ran"
+        ));
+    }
+    within(
+        &format!("{precision} vs 32-true gradients, relative L2"),
+        err,
+        2e-2,
+    )
+}
+
+/// SGD over 4 micro-batches of 8 with `gradient_accumulation_steps = 4` equals one batch of 32.
+pub fn accumulation_equals_big_batch<B: AutodiffBackend>(
+    device: &B::Device,
+) -> Result<String, String> {
+    let train = |accumulation: usize, micro: usize| -> Result<Vec<f32>, String> {
+        let config = AcceleratorConfig {
+            gradient_accumulation_steps: accumulation,
+            ..Default::default()
+        };
+        let acc = Accelerator::<B>::new(config, device.clone()).map_err(text)?;
+        let mut acc = acc;
+        let (mut model, mut optim) = acc
+            .setup(tiny_vit::<B>(device, 3), SgdConfig::new().init())
+            .map_err(text)?;
+        for start in (0..64).step_by(micro) {
+            let batch = digits_batch::<B>(device, start, micro)?;
+            let logits = logits(&acc, &model, &batch).map_err(text)?;
+            acc.backward(cross_entropy(logits, &batch), &model)
+                .map_err(text)?;
+            model = acc.step(model, &mut optim, &mut 0.5).map_err(text)?;
+        }
+        if acc.counters().optimizer_steps != 2 {
+            return Err(format!(
+                "{} optimizer steps, not 2",
+                acc.counters().optimizer_steps
+            ));
+        }
+        Ok(flat_params(&model))
+    };
+    let big = train(1, 32)?;
+    let accumulated = train(4, 8)?;
+    within(
+        "parameters after 2 steps, 4 x 8 accumulated vs 32, max relative",
+        max_rel(&accumulated, &big),
+        1e-4,
+    )
+}
+
+/// 4 Adam steps straight equal 2 steps, `save_state`, `load_state` into a fresh Accelerator,
+/// model and optimizer (other weights), and 2 more steps: bitwise.
+pub fn resume_is_bitwise<B: AutodiffBackend>(device: &B::Device) -> Result<String, String> {
+    let config = || AcceleratorConfig {
+        gradient_accumulation_steps: 2,
+        max_grad_norm: Some(1.0),
+        seed: 1234,
+        ..Default::default()
+    };
+    let steps = |acc: &mut Accelerator<B>, model, optim: &mut _, from: usize, to: usize| {
+        let mut model = model;
+        for micro in 2 * from..2 * to {
+            let batch = digits_batch::<B>(device, 8 * micro, 8)?;
+            let logits = logits(acc, &model, &batch).map_err(text)?;
+            acc.backward(cross_entropy(logits, &batch), &model)
+                .map_err(text)?;
+            model = acc.step(model, optim, &mut 1e-2).map_err(text)?;
+        }
+        Ok::<_, String>(model)
+    };
+    let fresh = |seed| {
+        let acc = Accelerator::<B>::new(config(), device.clone()).map_err(text)?;
+        let (model, optim) = acc
+            .setup(tiny_vit::<B>(device, seed), AdamConfig::new().init())
+            .map_err(text)?;
+        Ok::<_, String>((acc, model, optim))
+    };
+    let (mut acc, model, mut optim) = fresh(5)?;
+    let straight = flat_params(&steps(&mut acc, model, &mut optim, 0, 4)?);
+
+    let dir = std::env::temp_dir().join(format!("afterburner-suite-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut acc, model, mut optim) = fresh(5)?;
+    let model = steps(&mut acc, model, &mut optim, 0, 2)?;
+    acc.save_state(&dir, &model, &optim, &1e-2).map_err(text)?;
+    let (mut acc, model, optim) = fresh(77)?;
+    let loaded = acc.load_state(&dir, model, optim, 1e-2);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (model, mut optim, _) = loaded.map_err(text)?;
+    let resumed = flat_params(&steps(&mut acc, model, &mut optim, 2, 4)?);
+    let differing = resumed
+        .iter()
+        .zip(&straight)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    if differing == 0 && resumed.len() == straight.len() {
+        Ok(format!(
+            "{} parameter values equal bitwise after resume",
+            straight.len()
+        ))
+    } else {
+        Err(format!(
+            "{differing} of {} parameter values differ after resume (max relative {:.2e})",
+            straight.len(),
+            max_rel(&resumed, &straight)
+        ))
+    }
+}
+
+/// Gradients with every block checkpointed (recomputed in backward, on a helper thread) equal
+/// the plain gradients: bitwise on flex; within 1e-4 on a GPU backend, whose kernels may
+/// accumulate in another order on the recompute thread's stream (1.0e-5 on lavapipe).
+pub fn checkpointed_gradients_equal_plain<B: AutodiffBackend>(
+    device: &B::Device,
+) -> Result<String, String> {
+    let grads = |policy| -> Result<Vec<f32>, String> {
+        let config = AcceleratorConfig {
+            gradient_checkpointing: policy,
+            ..Default::default()
+        };
+        let acc = Accelerator::<B>::new(config, device.clone()).map_err(text)?;
+        let model = acc.setup_model(tiny_vit::<B>(device, 9)).map_err(text)?;
+        let batch = digits_batch::<B>(device, 0, 16)?;
+        let logits = logits(&acc, &model, &batch).map_err(text)?;
+        let grads = GradientsParams::from_grads(cross_entropy(logits, &batch).backward(), &model);
+        Ok(flat_grads(&model, &grads))
+    };
+    let plain = grads(CheckpointPolicy::None)?;
+    let checkpointed = grads(CheckpointPolicy::All)?;
+    if plain.iter().all(|g| *g == 0.0) {
+        return Err("every gradient is zero".into());
+    }
+    within(
+        "checkpointed vs plain gradients, max relative",
+        max_rel(&checkpointed, &plain),
+        1e-4,
+    )
+}
+
+/// Trains 2 SGD steps on 32 digits per step under `strategy` over `devices`, each rank taking
+/// its share of every batch; returns rank 0's full parameters.
+fn train_on<B: AutodiffBackend>(
+    device: &B::Device,
+    strategy: Strategy,
+    world: usize,
+) -> Result<Vec<f32>, String> {
+    let config = AcceleratorConfig {
+        strategy,
+        fsdp: FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse().map_err(text)?,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let initial = tiny_vit::<B>(device, 11);
+    let devices = vec![device.clone(); world];
+    let results = Accelerator::<B>::launch(config, devices, move |mut acc| {
+        let device = acc.device().clone();
+        let (mut model, mut optim) = acc.setup(initial.clone(), SgdConfig::new().init())?;
+        let share = 32 / acc.world_size();
+        for step in 0..2 {
+            let start = 32 * step + share * acc.rank();
+            let batch = digits_batch::<B>(&device, start, share).map_err(|reason| {
+                AccelerateError::InvalidArgument {
+                    key: "digits".into(),
+                    reason,
+                }
+            })?;
+            let logits = logits(&acc, &model, &batch)?;
+            acc.backward(cross_entropy(logits, &batch), &model)?;
+            model = acc.step(model, &mut optim, &mut 0.5)?;
+        }
+        Ok(flat_params(&acc.full_model(&model)?))
+    })
+    .map_err(text)?;
+    results
+        .into_iter()
+        .next()
+        .ok_or_else(|| "no rank returned".to_string())
+}
+
+/// DDP with 2 in-process workers on this device equals one device with the whole batch.
+pub fn ddp_two_workers_equal_one_device<B: AutodiffBackend>(
+    device: &B::Device,
+) -> Result<String, String> {
+    let single = train_on::<B>(device, Strategy::Ddp, 1)?;
+    let ddp = train_on::<B>(device, Strategy::Ddp, 2)?;
+    within(
+        "parameters after 2 steps, DDP x2 vs one device, max relative",
+        max_rel(&ddp, &single),
+        1e-4,
+    )
+}
+
+/// FSDP (full sharding, one unit per encoder layer) with 2 workers equals DDP with 2.
+pub fn fsdp_equals_ddp<B: AutodiffBackend>(device: &B::Device) -> Result<String, String> {
+    let ddp = train_on::<B>(device, Strategy::Ddp, 2)?;
+    let fsdp = train_on::<B>(device, Strategy::Fsdp, 2)?;
+    within(
+        "parameters after 2 steps, FSDP x2 vs DDP x2, max relative",
+        max_rel(&fsdp, &ddp),
+        1e-5,
+    )
+}

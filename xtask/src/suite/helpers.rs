@@ -1,0 +1,141 @@
+//! What the checks share: a tiny model, batches of digits, and parameter / gradient readers.
+
+use afterburner::demos::models::{Vit, VitConfig};
+use afterburner::demos::{ImageBatch, ImageBatcher, digits};
+use afterburner::{AccelerateError, Accelerator};
+use burn::data::dataloader::batcher::Batcher;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
+
+/// The 8x8 one-channel digits.
+pub const BATCHER: ImageBatcher = ImageBatcher {
+    channels: 1,
+    height: 8,
+    width: 8,
+};
+
+/// A two-block ViT small enough for a software GPU driver (about 9k parameters).
+pub fn tiny_vit<B: AutodiffBackend>(device: &B::Device, seed: u64) -> Vit<B> {
+    B::seed(device, seed);
+    let model = VitConfig::new()
+        .with_d_model(16)
+        .with_d_ff(32)
+        .with_n_heads(2)
+        .with_n_layers(2)
+        .init::<B>(device);
+    afterburner::precision::materialize_params(&model);
+    model
+}
+
+/// Digits `start..start + n` as one batch on `device`.
+pub fn digits_batch<B: AutodiffBackend>(
+    device: &B::Device,
+    start: usize,
+    n: usize,
+) -> Result<ImageBatch<B>, String> {
+    let items = digits::load().map_err(|e| e.to_string())?.items()[start..start + n].to_vec();
+    Ok(BATCHER.batch(items, device))
+}
+
+/// Mean cross-entropy of `logits` against the batch's labels.
+pub fn cross_entropy<B: AutodiffBackend>(
+    logits: Tensor<B, 2>,
+    batch: &ImageBatch<B>,
+) -> Tensor<B, 1> {
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits, batch.labels.clone())
+}
+
+/// The model's logits on `batch` through the Accelerator (its precision, checkpointing and
+/// strategy view).
+pub fn logits<B: AutodiffBackend>(
+    acc: &Accelerator<B>,
+    model: &Vit<B>,
+    batch: &ImageBatch<B>,
+) -> Result<Tensor<B, 2>, AccelerateError> {
+    acc.forward(model, batch.images.clone(), |m, x| m.forward(x))
+}
+
+/// Every float parameter's values in f32, flattened in visit order.
+pub fn flat_params<B: AutodiffBackend, M: Module<B>>(model: &M) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let values = param.val().cast(DType::F32).into_data();
+            self.0.extend(values.iter::<f32>());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    model.visit(&mut c);
+    c.0
+}
+
+/// The dtype of every float parameter, in visit order.
+pub fn param_dtypes<B: AutodiffBackend, M: Module<B>>(model: &M) -> Vec<DType> {
+    struct Collect(Vec<DType>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.val().dtype());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    model.visit(&mut c);
+    c.0
+}
+
+/// Every parameter's gradient in f32 (zeros where it has none), flattened in visit order.
+pub fn flat_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> Vec<f32> {
+    struct Collect<'a>(&'a GradientsParams, Vec<f32>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            match self.0.get::<B::InnerBackend, D>(param.id) {
+                Some(g) => self.1.extend(g.cast(DType::F32).into_data().iter::<f32>()),
+                None => self
+                    .1
+                    .extend(std::iter::repeat_n(0.0, param.val().shape().num_elements())),
+            }
+        }
+    }
+    let mut c = Collect(grads, Vec::new());
+    model.visit(&mut c);
+    c.1
+}
+
+/// ||a - b|| / ||b|| over all values.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+/// Largest |a - b| / max(|b|, 1e-3) over all values (infinite when the lengths differ).
+pub fn max_rel(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| f64::from((x - y).abs() / y.abs().max(1e-3)))
+        .fold(0.0, f64::max)
+}
+
+/// `Ok` with `detail` when `err <= bound`, otherwise an error naming both.
+pub fn within(what: &str, err: f64, bound: f64) -> Result<String, String> {
+    if err <= bound {
+        Ok(format!("{what}: {err:.2e} (bound {bound:.0e})"))
+    } else {
+        Err(format!("{what}: {err:.3e} exceeds the bound {bound:.0e}"))
+    }
+}
+
+/// Turns any displayable error into the suite's `String` error.
+pub fn text<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}

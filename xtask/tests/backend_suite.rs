@@ -1,0 +1,70 @@
+//! The backend suite (xtask/src/suite) as tests: on flex always, and on wgpu when built with
+//! `--features wgpu` (Mesa's software Vulkan driver, lavapipe, in CI: see docs/gpu.md).
+//!
+//! Each backend's checks run one at a time (flex keeps one process-wide RNG that the
+//! Accelerator seeds; the GPU backends share one device).
+
+use std::sync::{Mutex, MutexGuard};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+macro_rules! backend_tests {
+    ($module:ident, $backend:ty, [$($check:ident),* $(,)?]) => {
+        mod $module {
+            type B = burn::backend::Autodiff<$backend>;
+            $(
+                #[test]
+                fn $check() {
+                    let _serial = super::serial();
+                    xtask::suite::assert_check::<B>(stringify!($check), &Default::default());
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! suite {
+    ($module:ident, $backend:ty) => {
+        backend_tests!(
+            $module,
+            $backend,
+            [
+                bf16_mixed_gradients_match_f32,
+                f16_mixed_gradients_match_f32,
+                accumulation_equals_big_batch,
+                resume_is_bitwise,
+                checkpointed_gradients_equal_plain,
+                ddp_two_workers_equal_one_device,
+                fsdp_equals_ddp,
+            ]
+        );
+    };
+}
+
+#[cfg(feature = "flex")]
+suite!(flex, burn::backend::Flex);
+#[cfg(feature = "wgpu")]
+suite!(wgpu, burn::backend::Wgpu);
+
+/// Every check of the suite has a test here, in the suite's order.
+#[test]
+fn every_check_has_a_test() {
+    let source = include_str!("backend_suite.rs");
+    let listed = source.split("backend_tests!(").nth(1).unwrap_or("");
+    let mut at = 0;
+    for name in xtask::suite::CHECK_NAMES {
+        let found = listed[at..].find(&format!("{name},"));
+        assert!(found.is_some(), "{name} has no test (or is out of order)");
+        at += found.unwrap_or(0);
+    }
+    #[cfg(feature = "flex")]
+    {
+        let checks = xtask::suite::checks::<burn::backend::Autodiff<burn::backend::Flex>>();
+        let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
+        assert_eq!(names, xtask::suite::CHECK_NAMES);
+    }
+}
