@@ -1,4 +1,5 @@
-//! Developer tasks' library part: the backend suite, shared by `cargo xtask gpu-check` and the
-//! backend tests (`xtask/tests/backend_suite.rs`).
+//! Developer tasks' library part, shared by `cargo xtask` and the backend tests
+//! (`xtask/tests/backend_suite.rs`): the backend suite and device memory figures.
 
+pub mod memory;
 pub mod suite;

@@ -68,3 +68,31 @@ fn every_check_has_a_test() {
         assert_eq!(names, xtask::suite::CHECK_NAMES);
     }
 }
+
+/// Device memory comes from the CubeCL backends' pools (the bench's device memory column); a
+/// CPU backend has none.
+#[test]
+fn device_memory_is_read_from_wgpu_pools() {
+    #[cfg(feature = "flex")]
+    assert!(xtask::memory::device_memory::<burn::backend::Flex>(&Default::default()).is_none());
+    #[cfg(feature = "wgpu")]
+    {
+        let _serial = serial();
+        type W = burn::backend::Wgpu;
+        let device = Default::default();
+        let before = xtask::memory::device_memory::<W>(&device).expect("wgpu memory");
+        let held = burn::tensor::Tensor::<W, 1>::ones([1 << 20], &device);
+        let after = xtask::memory::device_memory::<W>(&device).expect("wgpu memory");
+        println!(
+            "wgpu memory: {} then {}",
+            before.describe(),
+            after.describe()
+        );
+        assert!(
+            after.in_use_bytes >= before.in_use_bytes + (4 << 20),
+            "{after:?}"
+        );
+        assert!(after.reserved_bytes >= after.in_use_bytes, "{after:?}");
+        drop(held);
+    }
+}

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
                 .map(String::from)
                 .to_vec(),
             &extra,
-            Some(["--test", "backend_suite", "wgpu::"]),
+            Some(["--test", "backend_suite", "wgpu"]),
         )),
         Some(missing) => {
             println!("test-all: skipping the wgpu backend suite ({missing} not found)");

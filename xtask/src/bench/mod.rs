@@ -8,6 +8,8 @@
 //! - `data`: time per epoch of reading + batching (with a simulated step) with the loader's
 //!   background thread and without it.
 //! - `localsgd`: DDP vs Local SGD vs DiLoCo behind a slow link (wall time, bytes, accuracy).
+//! - `presets` (`--preset vit-b16|gpt2-small|all`): the talk's models under each precision,
+//!   with and without checkpointing, over all devices: throughput and device memory.
 
 mod checkpoint;
 mod data;
@@ -16,8 +18,11 @@ mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
 mod precision;
+pub mod presets;
 #[cfg(feature = "flex")]
 pub mod traffic;
+
+pub use presets::PRESET_NAMES;
 
 use std::time::Instant;
 
@@ -35,6 +40,10 @@ pub struct Options {
     pub out: String,
     /// Models of the checkpoint suite: "transformer", "vit" or "all".
     pub models: String,
+    /// Presets of the presets suite: "vit-b16", "gpt2-small" or "all".
+    pub preset: Option<String>,
+    /// Tiny step counts and inputs (the presets suite).
+    pub quick: bool,
 }
 
 /// What the command line set; the rest comes from each suite's defaults.
@@ -48,6 +57,8 @@ struct Given {
     rounds: Option<usize>,
     out: Option<String>,
     models: Option<String>,
+    preset: Option<String>,
+    quick: bool,
 }
 
 /// A suite's defaults: (steps, warmup, batch size, rounds).
@@ -59,15 +70,21 @@ const DDP_DEFAULTS: Defaults = (10, 3, 32, 2);
 const DATA_DEFAULTS: Defaults = (3, 1, 64, 3);
 /// Local SGD suite: (optimizer steps, unused, batch size per worker, unused).
 const LOCALSGD_DEFAULTS: Defaults = (200, 0, 32, 1);
+/// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
+const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
 pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|data|localsgd|all] \
 [--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
-[--models transformer|vit|all (checkpoint suite)]";
+[--models transformer|vit|all (checkpoint suite)] [--preset vit-b16|gpt2-small|all] [--quick]";
 
 fn parse(args: &[String]) -> Result<Given, String> {
     let mut g = Given::default();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if flag == "--quick" {
+            g.quick = true;
+            continue;
+        }
         let value = it
             .next()
             .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
@@ -84,6 +101,7 @@ fn parse(args: &[String]) -> Result<Given, String> {
             "--rounds" => g.rounds = num()?,
             "--out" => g.out = Some(value.clone()),
             "--models" => g.models = Some(value.clone()),
+            "--preset" => g.preset = Some(value.clone()),
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
@@ -100,6 +118,8 @@ impl Given {
             rounds: self.rounds.unwrap_or(rounds),
             out: self.out.clone().unwrap_or_else(|| "bench-results".into()),
             models: self.models.clone().unwrap_or_else(|| "all".into()),
+            preset: self.preset.clone(),
+            quick: self.quick,
         }
     }
 }
@@ -107,7 +127,12 @@ impl Given {
 /// Runs the benchmark suites the command line asks for.
 pub fn run(args: &[String]) -> Result<(), String> {
     let given = parse(args)?;
-    let suite = given.suite.as_deref().unwrap_or("all");
+    let default_suite = if given.preset.is_some() {
+        "presets"
+    } else {
+        "all"
+    };
+    let suite = given.suite.as_deref().unwrap_or(default_suite);
     let suites: &[Suite] = match suite {
         "all" => &[
             Suite::Precision,
@@ -121,9 +146,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "ddp" => &[Suite::Ddp],
         "data" => &[Suite::Data],
         "localsgd" => &[Suite::LocalSgd],
+        "presets" => &[Suite::Presets],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, ddp, data, localsgd, all"
+                "unknown suite '{other}'; valid: precision, checkpoint, ddp, data, localsgd, \
+                 presets, all (all but presets, which --preset selects)"
             ));
         }
     };
@@ -134,6 +161,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Ddp => DDP_DEFAULTS,
             Suite::Data => DATA_DEFAULTS,
             Suite::LocalSgd => LOCALSGD_DEFAULTS,
+            Suite::Presets => PRESETS_DEFAULTS,
         };
         on_backend(&given.options(defaults), suite)?;
     }
@@ -147,6 +175,7 @@ enum Suite {
     Ddp,
     Data,
     LocalSgd,
+    Presets,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
@@ -158,6 +187,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Ddp => ddp::bench::<$inner>(o),
                 Suite::Data => data::bench::<$inner>(o),
                 Suite::LocalSgd => localsgd::bench::<$inner>(o),
+                Suite::Presets => presets::bench::<$inner>(o),
             }
         };
     }
@@ -176,7 +206,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
 }
 
 /// Prints the markdown table and writes `<out>/<suite>-<backend>.{json,md}`.
-fn write_report<T: serde::Serialize>(
+pub fn write_report<T: serde::Serialize>(
     o: &Options,
     suite: &str,
     rows: &[T],
