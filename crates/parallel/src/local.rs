@@ -163,10 +163,11 @@ pub struct LocalGroup<B: Backend> {
 /// `fsdp_equals_ddp`). Ranks on distinct devices get their own copies from burn-collective,
 /// and Burn's CPU backends (flex, ndarray) run each op to completion, so neither copies.
 pub(crate) fn needs_own_copies<B: Backend>(device: &B::Device, devices: &[B::Device]) -> bool {
-    let shared = devices.iter().filter(|d| *d == device).count() > 1;
-    let name = B::name(device).to_ascii_lowercase();
-    let synchronous = ["flex", "ndarray"].iter().any(|cpu| name.contains(cpu));
-    shared && !synchronous
+    if devices.iter().filter(|d| *d == device).count() < 2 {
+        return false;
+    }
+    let backend = std::any::type_name::<B>().to_ascii_lowercase();
+    !["flex", "ndarray"].iter().any(|cpu| backend.contains(cpu))
 }
 
 impl<B: Backend> LocalGroup<B> {

@@ -16,10 +16,25 @@ const MPI_PACKAGES: &str = "libopenmpi-dev openmpi-bin libclang-dev";
 /// The Debian/Ubuntu packages of the Vulkan loader and Mesa's drivers (lavapipe on the CPU).
 const VULKAN_PACKAGES: &str = "libvulkan1 mesa-vulkan-drivers";
 
+/// Set to a comma-separated list of suites (`mpi`, `wgpu`) that must run: a machine missing
+/// their packages then fails instead of skipping them (CI sets it).
+const REQUIRE: &str = "AFTERBURNER_REQUIRE_SUITES";
+
 fn main() -> ExitCode {
     let extra: Vec<String> = std::env::args().skip(1).collect();
     let mpi = missing_for_mpi();
     let vulkan = missing_for_vulkan();
+    let required = std::env::var(REQUIRE).unwrap_or_default();
+    for (suite, missing) in [("mpi", &mpi), ("wgpu", &vulkan)] {
+        if let Some(missing) = missing
+            && required.split(',').any(|r| r.trim() == suite)
+        {
+            eprintln!(
+                "test-all: the {suite} suites are required ({REQUIRE}) but {missing} is missing"
+            );
+            return ExitCode::from(2);
+        }
+    }
     let mut workspace = vec!["test".to_string(), "--workspace".to_string()];
     match &mpi {
         None => workspace.extend(["--features".to_string(), "mpi".to_string()]),
@@ -28,16 +43,15 @@ fn main() -> ExitCode {
             println!("test-all: to run them: sudo apt-get install -y {MPI_PACKAGES}");
         }
     }
-    let mut runs = vec![with_extra(workspace, &extra, None)];
+    let (cargo_side, test_side) = split_extra(&extra);
+    workspace.extend(cargo_side.iter().cloned());
+    if !test_side.is_empty() {
+        workspace.push("--".into());
+        workspace.extend(test_side.iter().cloned());
+    }
+    let mut runs = vec![workspace];
     match &vulkan {
-        // Only the suite's wgpu tests: its flex tests ran in the workspace run.
-        None => runs.push(with_extra(
-            ["test", "-p", "xtask", "--features", "wgpu"]
-                .map(String::from)
-                .to_vec(),
-            &extra,
-            Some(["--test", "backend_suite", "wgpu"]),
-        )),
+        None => runs.push(wgpu_suite(cargo_side, test_side)),
         Some(missing) => {
             println!("test-all: skipping the wgpu backend suite ({missing} not found)");
             println!("test-all: to run it: sudo apt-get install -y {VULKAN_PACKAGES}");
@@ -65,24 +79,46 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// `args` with the caller's extra arguments (those before `--` go to cargo, the rest to the
-/// test binaries) and, when given, one test target and a name filter for it.
-fn with_extra(mut args: Vec<String>, extra: &[String], target: Option<[&str; 3]>) -> Vec<String> {
-    let (before, after) = match extra.iter().position(|a| a == "--") {
+/// The caller's arguments: those for cargo (before `--`) and those for the test binaries.
+fn split_extra(extra: &[String]) -> (&[String], &[String]) {
+    match extra.iter().position(|a| a == "--") {
         Some(i) => (&extra[..i], &extra[i + 1..]),
-        None => (extra, &[][..]),
-    };
-    args.extend(before.iter().cloned());
-    if let Some([flag, name, _]) = target {
-        args.extend([flag.to_string(), name.to_string()]);
+        None => (extra, &[]),
     }
-    if !after.is_empty() || target.is_some() {
-        args.push("--".to_string());
-    }
-    if let Some([_, _, filter]) = target {
-        args.push(filter.to_string());
-    }
-    args.extend(after.iter().cloned());
+}
+
+/// The backend suite's wgpu tests only (its flex tests ran in the workspace run). Of the
+/// caller's arguments it takes the build and output settings (`--release`, `--offline`,
+/// `--nocapture`, `--test-threads=N`, ...), not test filters or package selections, which
+/// name the workspace run's tests.
+fn wgpu_suite(cargo_side: &[String], test_side: &[String]) -> Vec<String> {
+    const CARGO_FLAGS: &[&str] = &[
+        "--release",
+        "--offline",
+        "--locked",
+        "--frozen",
+        "-q",
+        "--quiet",
+        "-v",
+        "--verbose",
+    ];
+    const TEST_FLAGS: &[&str] = &["--nocapture", "--show-output", "--quiet", "-q"];
+    let mut args: Vec<String> = ["test", "-p", "xtask", "--features", "wgpu"]
+        .map(String::from)
+        .to_vec();
+    args.extend(
+        cargo_side
+            .iter()
+            .filter(|a| CARGO_FLAGS.contains(&a.as_str()))
+            .cloned(),
+    );
+    args.extend(["--test", "backend_suite", "--", "wgpu"].map(String::from));
+    args.extend(
+        test_side
+            .iter()
+            .filter(|a| TEST_FLAGS.contains(&a.as_str()) || a.starts_with("--test-threads="))
+            .cloned(),
+    );
     args
 }
 
@@ -92,7 +128,8 @@ fn cargo(args: &[String]) -> u8 {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     match Command::new(cargo).args(args).status() {
         Ok(status) => match status.code() {
-            Some(code) => code.clamp(0, 255) as u8,
+            Some(0) => 0,
+            Some(code) => code.clamp(1, 255) as u8,
             None => 1,
         },
         Err(e) => {

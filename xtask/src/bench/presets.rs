@@ -6,7 +6,7 @@
 //!
 //! `--quick` keeps the architectures (widths, depths, vocabulary) but runs 1 warm-up and 1
 //! timed step on small inputs (batch 2 at 64 px; batch 1 of 32 tokens), one device: the form
-//! CI runs on flex so the presets keep compiling and running (about a minute there).
+//! CI runs on flex so the presets keep compiling and running (about 3 minutes on 2 cores).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};

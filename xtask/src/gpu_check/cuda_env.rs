@@ -45,24 +45,39 @@ pub fn device_and_driver() -> (Option<String>, Option<String>) {
     }
 }
 
-/// CUDA toolkits installed under /usr/local (newest name last), plus `CUDA_PATH`.
-pub fn toolkits() -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::env::var_os("CUDA_PATH")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    if let Ok(entries) = std::fs::read_dir("/usr/local") {
-        let mut local: Vec<PathBuf> = entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("cuda"))
-            .map(|e| e.path())
-            .filter(|p| p.join("include").join("cuda.h").exists())
-            .collect();
-        local.sort();
-        found.extend(local);
+/// The CUDA toolkit to use: `CUDA_PATH`, else `/usr/local/cuda` (what Burn's cuda backend
+/// looks at by default), else the highest `/usr/local/cuda-<version>`; one with CUDA's
+/// headers. Libraries and headers are both taken from it, so their versions match.
+pub fn toolkit() -> Option<PathBuf> {
+    let has_headers = |p: &Path| p.join("include").join("cuda.h").exists();
+    if let Some(path) = std::env::var_os("CUDA_PATH").map(PathBuf::from) {
+        return has_headers(&path).then_some(path);
     }
-    found
+    let default = PathBuf::from(DEFAULT_TOOLKIT);
+    if has_headers(&default) {
+        return Some(default);
+    }
+    let mut versioned: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir("/usr/local")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let version = name.strip_prefix("cuda-")?;
+                    let numbers: Option<Vec<u32>> =
+                        version.split('.').map(|n| n.parse().ok()).collect();
+                    Some((numbers?, e.path()))
+                })
+                .filter(|(_, p)| has_headers(p))
+                .collect()
+        })
+        .unwrap_or_default();
+    versioned.sort();
+    versioned.pop().map(|(_, path)| path)
 }
+
+/// Where Burn's cuda backend looks for CUDA when `CUDA_PATH` is unset.
+const DEFAULT_TOOLKIT: &str = "/usr/local/cuda";
 
 /// Directories the dynamic loader searches here (`LD_LIBRARY_PATH`, then the usual ones).
 fn library_dirs() -> Vec<PathBuf> {
@@ -96,7 +111,8 @@ fn holds(dir: &Path, prefix: &str) -> bool {
 
 /// What the CUDA backend loads at run time and where it is, or what is missing.
 pub struct CudaLibraries {
-    /// A toolkit root to use as `CUDA_PATH` (the backend compiles kernels with its headers).
+    /// A toolkit root to set as `CUDA_PATH` (the backend compiles kernels with its headers);
+    /// `None` when `CUDA_PATH` is set already or the toolkit is Burn's default.
     pub cuda_path: Option<PathBuf>,
     /// Directories to add to `LD_LIBRARY_PATH` so the loader finds libcuda and libnvrtc.
     pub add_to_library_path: Vec<PathBuf>,
@@ -107,8 +123,8 @@ pub struct CudaLibraries {
 /// Looks for libcuda (the driver), libnvrtc (the run-time compiler) and CUDA's headers.
 pub fn libraries() -> CudaLibraries {
     let searched = library_dirs();
-    let toolkits = toolkits();
-    let toolkit_libs: Vec<PathBuf> = toolkits
+    let toolkit = toolkit();
+    let toolkit_libs: Vec<PathBuf> = toolkit
         .iter()
         .flat_map(|t| {
             [
@@ -120,26 +136,35 @@ pub fn libraries() -> CudaLibraries {
         .collect();
     let mut add = Vec::new();
     let mut missing = Vec::new();
-    for (library, hint) in [
-        ("libcuda.so", "the NVIDIA driver (libcuda.so.1)"),
+    for (library, hint, from_toolkit) in [
+        ("libcuda.so", "the NVIDIA driver (libcuda.so.1)", false),
         (
             "libnvrtc.so",
             "CUDA's run-time compiler (libnvrtc, from the CUDA toolkit)",
+            true,
         ),
     ] {
-        if searched.iter().any(|d| holds(d, library)) {
-            continue;
-        }
-        match toolkit_libs.iter().find(|d| holds(d, library)) {
+        // The toolkit's own libnvrtc first, so it matches the headers.
+        let in_toolkit = toolkit_libs.iter().find(|d| holds(d, library));
+        match in_toolkit {
+            Some(dir) if from_toolkit => add.push(dir.clone()),
+            _ if searched.iter().any(|d| holds(d, library)) => {}
             Some(dir) => add.push(dir.clone()),
             None => missing.push(hint.to_string()),
         }
     }
-    if toolkits.is_empty() {
-        missing.push("CUDA's headers (a toolkit under /usr/local/cuda*, or set CUDA_PATH)".into());
+    if toolkit.is_none() {
+        missing.push(
+            "CUDA's headers (a toolkit at /usr/local/cuda or /usr/local/cuda-<version>, or set \
+             CUDA_PATH)"
+                .into(),
+        );
     }
+    // Burn's backend finds /usr/local/cuda itself; any other toolkit is named by CUDA_PATH.
+    let cuda_path = toolkit
+        .filter(|t| std::env::var_os("CUDA_PATH").is_none() && t != Path::new(DEFAULT_TOOLKIT));
     CudaLibraries {
-        cuda_path: toolkits.last().cloned(),
+        cuda_path,
         add_to_library_path: add,
         missing,
     }

@@ -18,17 +18,18 @@ pub const USAGE: &str =
   --quick      the bench presets with tiny step counts (as CI runs them on flex)
   --out DIR    where the report goes (default bench-results/gpu-check)
   --backend B  cuda (default), or flex / wgpu to try the same run without a GPU
-exit codes: 0 every check passed, 1 a check or preset failed, 2 bad arguments or the build
-failed, 3 no CUDA device (or CUDA's libraries are missing)";
+exit codes: 0 every check passed, 1 a check or preset failed (or the run crashed), 2 bad
+arguments, the build failed or the report could not be written, 3 no CUDA device (or CUDA's
+libraries are missing)";
 
 /// How gpu-check ends (its process exit code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     /// 0: every check and preset ran and passed (or the dry run found a device).
     Passed = 0,
-    /// 1: a check or a preset failed (the report says which).
+    /// 1: a check or a preset failed (the report says which), or the run crashed.
     Failed = 1,
-    /// 2: bad arguments, or building the CUDA binary failed.
+    /// 2: bad arguments, building the CUDA binary failed, or the report could not be written.
     Usage = 2,
     /// 3: no CUDA device, or CUDA's run-time libraries are missing.
     NoDevice = 3,
@@ -36,12 +37,19 @@ pub enum Exit {
 
 impl Exit {
     /// The exit of a gpu-check run in a child process.
+    /// A crash of the child (a panic, the OOM killer) is a failed check run.
     fn of_child(status: std::io::Result<std::process::ExitStatus>) -> Exit {
-        match status.ok().and_then(|s| s.code()) {
+        let Ok(status) = status else {
+            return Exit::Usage;
+        };
+        match status.code() {
             Some(0) => Exit::Passed,
-            Some(1) => Exit::Failed,
+            Some(2) => Exit::Usage,
             Some(3) => Exit::NoDevice,
-            _ => Exit::Usage,
+            _ => {
+                eprintln!("gpu-check: the CUDA run ended with {status}");
+                Exit::Failed
+            }
         }
     }
 }
@@ -133,13 +141,17 @@ pub fn run(args: &[String]) -> Exit {
 
 /// gpu-check's run on flex or wgpu (no GPU needed: it tries the whole pipeline).
 fn other_backend(options: &Options) -> Exit {
-    if options.dry_run {
-        println!("gpu-check: dry run on {}", options.backend);
-        return Exit::Passed;
-    }
+    let dry = |backend: &str| {
+        println!("gpu-check: dry run; {backend} is compiled in");
+        Exit::Passed
+    };
     match options.backend.as_str() {
         #[cfg(feature = "flex")]
+        "flex" if options.dry_run => dry("flex"),
+        #[cfg(feature = "flex")]
         "flex" => runner::run_on::<burn::backend::Flex>(options),
+        #[cfg(feature = "wgpu")]
+        "wgpu" if options.dry_run => dry("wgpu"),
         #[cfg(feature = "wgpu")]
         "wgpu" => runner::run_on::<burn::backend::Wgpu>(options),
         other => {
@@ -159,7 +171,7 @@ fn other_backend(options: &Options) -> Exit {
 fn run_with_cuda(args: &[String], options: &Options, libraries: cuda_env::CudaLibraries) -> Exit {
     const AGAIN: &str = "AFTERBURNER_GPU_CHECK_ENV_SET";
     let needs_path = !libraries.add_to_library_path.is_empty();
-    let needs_cuda_path = std::env::var_os("CUDA_PATH").is_none() && libraries.cuda_path.is_some();
+    let needs_cuda_path = libraries.cuda_path.is_some();
     if (needs_path || needs_cuda_path) && std::env::var_os(AGAIN).is_none() {
         let exe = match std::env::current_exe() {
             Ok(exe) => exe,
@@ -183,15 +195,30 @@ fn run_with_cuda(args: &[String], options: &Options, libraries: cuda_env::CudaLi
 /// Without the `cuda` feature: builds the release binary with it and runs that.
 #[cfg(not(feature = "cuda"))]
 fn run_with_cuda(args: &[String], _: &Options, libraries: cuda_env::CudaLibraries) -> Exit {
+    const BUILT: &str = "AFTERBURNER_GPU_CHECK_BUILT";
+    if std::env::var_os(BUILT).is_some() {
+        eprintln!(
+            "gpu-check: the binary built for CUDA has no CUDA backend (was the build changed?)"
+        );
+        return Exit::Usage;
+    }
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("gpu-check: cargo {}", BUILD_ARGS.join(" "));
     let built = Command::new(&cargo)
         .args(BUILD_ARGS)
+        .arg("--message-format=json-render-diagnostics")
         .current_dir(&workspace)
-        .status();
-    match built {
-        Ok(status) if status.success() => {}
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    let binary = match built {
+        Ok(out) if out.status.success() => match built_binary(&out.stdout) {
+            Some(binary) => binary,
+            None => {
+                eprintln!("gpu-check: cargo built no xtask binary");
+                return Exit::Usage;
+            }
+        },
         Ok(_) => return Exit::Usage,
         Err(e) => {
             eprintln!(
@@ -201,21 +228,26 @@ fn run_with_cuda(args: &[String], _: &Options, libraries: cuda_env::CudaLibrarie
             );
             return Exit::Usage;
         }
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace.join("target"));
-    let binary = target.join("release").join("xtask");
-    let mut full = vec!["gpu-check".to_string()];
-    full.extend(args.iter().cloned());
+    };
     let mut command = Command::new(&binary);
-    command.args(&full);
+    command.arg("gpu-check").args(args).env(BUILT, "1");
     with_cuda_paths(&mut command, &libraries);
     let status = command.status();
     if let Err(e) = &status {
         eprintln!("gpu-check: cannot run {}: {e}", binary.display());
     }
     Exit::of_child(status)
+}
+
+/// The xtask binary's path in cargo's JSON messages.
+#[cfg(not(feature = "cuda"))]
+fn built_binary(messages: &[u8]) -> Option<std::path::PathBuf> {
+    String::from_utf8_lossy(messages)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "xtask")
+        .filter_map(|m| m["executable"].as_str().map(std::path::PathBuf::from))
+        .next_back()
 }
 
 /// Sets `LD_LIBRARY_PATH` (the toolkit's library directories first) and `CUDA_PATH` for a
@@ -231,9 +263,7 @@ fn with_cuda_paths(command: &mut Command, libraries: &cuda_env::CudaLibraries) {
             std::env::join_paths(paths).unwrap_or_default(),
         );
     }
-    if std::env::var_os("CUDA_PATH").is_none()
-        && let Some(cuda) = &libraries.cuda_path
-    {
+    if let Some(cuda) = &libraries.cuda_path {
         command.env("CUDA_PATH", cuda);
     }
 }
@@ -243,17 +273,27 @@ const BUILD_ARGS: &[&str] = &["build", "--release", "-p", "xtask", "--features",
 
 fn print_plan(options: &Options) {
     println!("gpu-check plan:");
-    if cfg!(feature = "cuda") {
+    if options.backend != "cuda" {
+        println!(
+            "  1. build: none (backend {}, no CUDA device needed)",
+            options.backend
+        );
+    } else if cfg!(feature = "cuda") {
         println!("  1. build: none (this binary has the CUDA backend)");
     } else {
         println!("  1. build: cargo {}", BUILD_ARGS.join(" "));
     }
-    println!("  2. the backend suite on the first CUDA device:");
+    let devices = if options.backend == "cuda" {
+        "CUDA device"
+    } else {
+        "device"
+    };
+    println!("  2. the backend suite on the first {devices}:");
     for name in xtask::suite::CHECK_NAMES {
         println!("     - {name}");
     }
     println!(
-        "  3. the bench presets on every visible CUDA device{}:",
+        "  3. the bench presets on every visible {devices}{}:",
         if options.quick { " (quick)" } else { "" }
     );
     for preset in crate::bench::PRESET_NAMES {
@@ -265,5 +305,58 @@ fn print_plan(options: &Options) {
         "  4. report: {0}/gpu-check.md and {0}/gpu-check.json",
         options.out
     );
-    println!("exit codes: 0 passed, 1 a check failed, 2 bad arguments or build, 3 no CUDA device");
+    println!(
+        "exit codes: 0 passed, 1 a check failed or the run crashed, 2 bad arguments, build or \
+         report, 3 no CUDA device"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_refuse_unknown_flags() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = parse(&args(&[
+            "--dry-run",
+            "--quick",
+            "--out",
+            "r",
+            "--backend",
+            "flex",
+        ]))
+        .unwrap();
+        assert!(o.dry_run && o.quick);
+        assert_eq!((o.out.as_str(), o.backend.as_str()), ("r", "flex"));
+        assert!(parse(&args(&["--out"])).is_err());
+        assert!(parse(&args(&["--bogus"])).is_err());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn the_built_binary_comes_from_cargos_messages() {
+        let messages = br#"{"reason":"compiler-artifact","target":{"name":"burn","kind":["lib"]},"executable":null}
+{"reason":"compiler-artifact","target":{"name":"xtask","kind":["lib"]},"executable":null}
+{"reason":"compiler-artifact","target":{"name":"xtask","kind":["bin"]},"executable":"/t/release/xtask"}
+{"reason":"build-finished","success":true}"#;
+        assert_eq!(
+            built_binary(messages),
+            Some(std::path::PathBuf::from("/t/release/xtask"))
+        );
+        assert_eq!(built_binary(b"not json"), None);
+    }
+
+    #[test]
+    fn a_crashed_child_is_a_failure_not_a_usage_error() {
+        use std::os::unix::process::ExitStatusExt;
+        let code = |c: i32| Ok(std::process::ExitStatus::from_raw(c << 8));
+        assert_eq!(Exit::of_child(code(0)), Exit::Passed);
+        assert_eq!(Exit::of_child(code(3)), Exit::NoDevice);
+        assert_eq!(Exit::of_child(code(101)), Exit::Failed);
+        assert_eq!(
+            Exit::of_child(Ok(std::process::ExitStatus::from_raw(9))),
+            Exit::Failed
+        );
+    }
 }

@@ -17,7 +17,7 @@ pub const BATCHER: ImageBatcher = ImageBatcher {
     width: 8,
 };
 
-/// A two-block ViT small enough for a software GPU driver (about 9k parameters).
+/// A two-block ViT small enough for a software GPU driver (about 5k parameters).
 pub fn tiny_vit<B: AutodiffBackend>(device: &B::Device, seed: u64) -> Vit<B> {
     B::seed(device, seed);
     let model = VitConfig::new()
@@ -115,15 +115,26 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (diff / norm.max(1e-30)).sqrt()
 }
 
-/// Largest |a - b| / max(|b|, 1e-3) over all values (infinite when the lengths differ).
+/// Largest |a - b| / max(|b|, 1e-3) over all values; infinite when the lengths differ or any
+/// value is not finite (so a NaN never passes a bound).
 pub fn max_rel(a: &[f32], b: &[f32]) -> f64 {
-    if a.len() != b.len() {
+    if a.len() != b.len() || a.iter().chain(b).any(|v| !v.is_finite()) {
         return f64::INFINITY;
     }
     a.iter()
         .zip(b)
         .map(|(x, y)| f64::from((x - y).abs() / y.abs().max(1e-3)))
         .fold(0.0, f64::max)
+}
+
+/// An error when training left the parameters where they started (a check comparing two runs
+/// that both did nothing would otherwise pass).
+pub fn trained(before: &[f32], after: &[f32]) -> Result<(), String> {
+    if before.len() == after.len() && before.iter().zip(after).all(|(a, b)| a == b) {
+        Err("the parameters did not change: no optimizer step was applied".into())
+    } else {
+        Ok(())
+    }
 }
 
 /// `Ok` with `detail` when `err <= bound`, otherwise an error naming both.
