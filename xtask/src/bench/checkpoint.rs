@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use afterburner::checkpoint::Balanced;
 use afterburner::demos::models::{TransformerConfig, VitConfig};
 use afterburner::demos::{ImageBatch, digits};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Precision};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -24,13 +24,13 @@ const POLICIES: [&str; 5] = ["none", "all", "every-2", "selective", "balanced"];
 const SEQ_LEN: usize = 64;
 
 #[derive(Debug, Clone, Copy)]
-enum Model {
+pub(super) enum Model {
     Transformer,
     Vit,
 }
 
 impl Model {
-    fn describe(self, o: &Options) -> String {
+    pub(super) fn describe(self, o: &Options) -> String {
         match self {
             Model::Transformer => format!(
                 "12-block transformer (d_model 256, 4 heads, MLP 1024, vocab 256), batch {} x {SEQ_LEN} tokens",
@@ -46,13 +46,13 @@ impl Model {
 
 /// One scenario's figures over its timed steps.
 #[derive(Debug, Clone, Copy)]
-struct Measured {
-    time: Duration,
+pub(super) struct Measured {
+    pub(super) time: Duration,
     /// Peak live bytes during forward + backward above the live bytes at its start.
-    peak: usize,
+    pub(super) peak: usize,
     /// Bytes of one f32 gradient per parameter (part of `peak`, not an activation).
-    grad_bytes: usize,
-    final_loss: f64,
+    pub(super) grad_bytes: usize,
+    pub(super) final_loss: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -93,9 +93,9 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                 let policy: CheckpointPolicy = POLICIES[s].parse().map_err(|e| format!("{e}"))?;
                 eprintln!("{model:?} round {}/{}: {policy}", round + 1, o.rounds);
                 let m = if policy == CheckpointPolicy::Balanced {
-                    scenario::<Balanced<I>>(o, model, policy)?
+                    scenario::<Balanced<I>>(o, model, policy, Precision::Full32)?
                 } else {
-                    scenario::<burn::backend::Autodiff<I>>(o, model, policy)?
+                    scenario::<burn::backend::Autodiff<I>>(o, model, policy, Precision::Full32)?
                 };
                 best[s] = Some(match best[s] {
                     Some(b) if b.time <= m.time => Measured {
@@ -115,13 +115,17 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     write_results(o, &rows)
 }
 
-fn scenario<B: AutodiffBackend>(
+/// One model under one checkpointing policy and precision: `o.steps` timed steps after
+/// `o.warmup`.
+pub(super) fn scenario<B: AutodiffBackend>(
     o: &Options,
     model: Model,
     policy: CheckpointPolicy,
+    precision: Precision,
 ) -> Result<Measured, String> {
     let device = B::Device::default();
     let config = AcceleratorConfig {
+        precision,
         gradient_checkpointing: policy,
         seed: 0,
         ..Default::default()

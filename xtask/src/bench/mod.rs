@@ -8,9 +8,12 @@
 //! - `data`: time per epoch of reading + batching (with a simulated step) with the loader's
 //!   background thread and without it.
 //! - `localsgd`: DDP vs Local SGD vs DiLoCo behind a slow link (wall time, bytes, accuracy).
+//! - `torch` (`--torch`): the checkpoint suite's models next to their PyTorch twins (step time,
+//!   peak heap, ratios), when PyTorch is installed.
 //! - `presets` (`--preset vit-b16|gpt2-small|all`): the talk's models under each precision,
 //!   with and without checkpointing, over all devices: throughput and device memory.
 
+pub mod bandwidth;
 mod checkpoint;
 mod data;
 mod ddp;
@@ -19,6 +22,7 @@ mod localsgd;
 pub mod mpi;
 mod precision;
 pub mod presets;
+mod torch;
 #[cfg(feature = "flex")]
 pub mod traffic;
 
@@ -70,12 +74,14 @@ const DDP_DEFAULTS: Defaults = (10, 3, 32, 2);
 const DATA_DEFAULTS: Defaults = (3, 1, 64, 3);
 /// Local SGD suite: (optimizer steps, unused, batch size per worker, unused).
 const LOCALSGD_DEFAULTS: Defaults = (200, 0, 32, 1);
+/// Side by side with PyTorch: (steps, warmup, batch size, rounds), as the checkpoint suite.
+const TORCH_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
 const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
 pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|data|localsgd|all] \
 [--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
-[--models transformer|vit|all (checkpoint suite)] [--preset vit-b16|gpt2-small|all] [--quick]";
+[--models transformer|vit|all (checkpoint suite)] [--preset vit-b16|gpt2-small|all] [--quick] [--torch (next to PyTorch)]";
 
 fn parse(args: &[String]) -> Result<Given, String> {
     let mut g = Given::default();
@@ -83,6 +89,10 @@ fn parse(args: &[String]) -> Result<Given, String> {
     while let Some(flag) = it.next() {
         if flag == "--quick" {
             g.quick = true;
+            continue;
+        }
+        if flag == "--torch" {
+            g.suite = Some("torch".into());
             continue;
         }
         let value = it
@@ -147,10 +157,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "data" => &[Suite::Data],
         "localsgd" => &[Suite::LocalSgd],
         "presets" => &[Suite::Presets],
+        "torch" => &[Suite::Torch],
         other => {
             return Err(format!(
                 "unknown suite '{other}'; valid: precision, checkpoint, ddp, data, localsgd, \
-                 presets, all (all but presets, which --preset selects)"
+                 presets, torch, all (all but presets and torch, which --preset and --torch \
+                 select)"
             ));
         }
     };
@@ -162,6 +174,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Data => DATA_DEFAULTS,
             Suite::LocalSgd => LOCALSGD_DEFAULTS,
             Suite::Presets => PRESETS_DEFAULTS,
+            Suite::Torch => TORCH_DEFAULTS,
         };
         on_backend(&given.options(defaults), suite)?;
     }
@@ -176,6 +189,7 @@ enum Suite {
     Data,
     LocalSgd,
     Presets,
+    Torch,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
@@ -188,6 +202,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Data => data::bench::<$inner>(o),
                 Suite::LocalSgd => localsgd::bench::<$inner>(o),
                 Suite::Presets => presets::bench::<$inner>(o),
+                Suite::Torch => torch::bench::<$inner>(o),
             }
         };
     }

@@ -292,8 +292,9 @@ fn print_plan(options: &Options) {
     for name in xtask::suite::CHECK_NAMES {
         println!("     - {name}");
     }
+    println!("  3. an all-reduce of 64 MiB over every {devices} (bandwidth)");
     println!(
-        "  3. the bench presets on every visible {devices}{}:",
+        "  4. the bench presets on every visible {devices}{}:",
         if options.quick { " (quick)" } else { "" }
     );
     for preset in crate::bench::PRESET_NAMES {
@@ -301,8 +302,9 @@ fn print_plan(options: &Options) {
             "     - {preset}: 32-true, bf16-mixed, 16-mixed; checkpointing off/on; one device and DDP/FSDP"
         );
     }
+
     println!(
-        "  4. report: {0}/gpu-check.md and {0}/gpu-check.json",
+        "  5. report: {0}/gpu-check.md and {0}/gpu-check.json",
         options.out
     );
     println!(

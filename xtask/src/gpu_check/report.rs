@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use xtask::suite::Outcome;
 
+use crate::bench::bandwidth::Bandwidth;
 use crate::bench::presets::Row;
 
 /// Everything one gpu-check run found.
@@ -27,6 +28,8 @@ pub struct Report {
     pub presets: Vec<Row>,
     /// Why the presets did not run, if they did not.
     pub presets_error: Option<String>,
+    /// The in-process engine's all-reduce over every device, or why it failed.
+    pub all_reduce: Result<Bandwidth, String>,
 }
 
 impl Report {
@@ -35,6 +38,7 @@ impl Report {
         self.checks.iter().all(|c| c.passed)
             && self.presets_error.is_none()
             && self.presets.iter().all(|r| r.error.is_none())
+            && self.all_reduce.is_ok()
     }
 
     /// The report as markdown.
@@ -74,6 +78,28 @@ impl Report {
             );
         }
         md.push('\n');
+        match &self.all_reduce {
+            Ok(b) => {
+                let _ = writeln!(
+                    md,
+                    "## All-reduce (in-process engine)\n\n{} MiB of f32 over {} ranks{}: \
+                     {:.2} ms, algorithm bandwidth {:.2} GB/s, bus bandwidth {:.2} GB/s\n",
+                    b.mib,
+                    b.ranks,
+                    if b.shared_device {
+                        " sharing one device"
+                    } else {
+                        ""
+                    },
+                    b.ms,
+                    b.algorithm_gb_s,
+                    b.bus_gb_s
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(md, "## All-reduce (in-process engine)\n\nFAILED: {e}\n");
+            }
+        }
         if let Some(e) = &self.presets_error {
             let _ = writeln!(md, "## Presets\n\nnot run: {e}");
         } else {

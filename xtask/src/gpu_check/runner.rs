@@ -42,6 +42,11 @@ pub fn run_on<I: Backend>(options: &Options) -> Exit {
         );
         checks.push(outcome);
     }
+    let all_reduce = catch_unwind(AssertUnwindSafe(|| {
+        bench::bandwidth::all_reduce::<I>(64, 10)
+    }))
+    .unwrap_or_else(|_| Err("panicked (see the message above)".into()));
+    println!("gpu-check: all-reduce {all_reduce:?}");
     let bench_options = bench::Options {
         backend: options.backend.clone(),
         steps: 10,
@@ -80,6 +85,7 @@ pub fn run_on<I: Backend>(options: &Options) -> Exit {
         checks,
         presets,
         presets_error,
+        all_reduce,
     };
     println!("{}", report.markdown());
     if let Err(e) = report.write(&options.out) {
