@@ -18,6 +18,7 @@ use burn::tensor::{Distribution, ElementConversion, Int, Tensor};
 use serde::Serialize;
 
 use super::Options;
+use super::plot::Chart;
 use crate::alloc;
 
 const POLICIES: [&str; 5] = ["none", "all", "every-2", "selective", "balanced"];
@@ -282,5 +283,32 @@ fn write_results(o: &Options, rows: &[Row]) -> Result<(), String> {
             r.final_loss
         );
     }
+    let mut charts = Vec::new();
+    for (key, model) in [("transformer", "12-block"), ("vit", "ViT")] {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.model.contains(model)).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let series = |f: fn(&Row) -> f64| mine.iter().map(|r| (r.policy.clone(), f(r))).collect();
+        charts.push(Chart::new(
+            &format!("{key}-time"),
+            &format!("{model}: step time"),
+            "ms",
+            series(|r| r.ms_per_step),
+        ));
+        charts.push(Chart::new(
+            &format!("{key}-memory"),
+            &format!("{model}: activation peak"),
+            "MiB",
+            series(|r| r.activation_peak_mib),
+        ));
+        charts.push(Chart::new(
+            &format!("{key}-loss"),
+            &format!("{model}: final loss"),
+            "cross-entropy",
+            series(|r| r.final_loss),
+        ));
+    }
+    let md = super::with_charts(o, "checkpoint", &md, &charts)?;
     super::write_report(o, "checkpoint", rows, &md)
 }

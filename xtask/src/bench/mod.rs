@@ -20,6 +20,7 @@ mod ddp;
 mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
+mod plot;
 mod precision;
 pub mod presets;
 mod torch;
@@ -79,9 +80,23 @@ const TORCH_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
 const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
+/// `--quick`: every suite in a few steps and one round (the whole bench in a few minutes on 2
+/// cores; the figures are a smoke test, not a measurement). Flags given explicitly win.
+fn quick_defaults(suite: Suite) -> Defaults {
+    match suite {
+        Suite::Precision => (10, 2, 64, 1),
+        Suite::Checkpoint => (1, 1, 32, 1),
+        Suite::Ddp => (2, 1, 32, 1),
+        Suite::Data => (1, 1, 64, 1),
+        Suite::LocalSgd => (20, 0, 32, 1),
+        Suite::Presets => PRESETS_DEFAULTS,
+        Suite::Torch => (1, 1, 32, 1),
+    }
+}
+
 pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|data|localsgd|all] \
 [--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
-[--models transformer|vit|all (checkpoint suite)] [--preset vit-b16|gpt2-small|all] [--quick] [--torch (next to PyTorch)]";
+[--models transformer|vit|all (checkpoint suite)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
 fn parse(args: &[String]) -> Result<Given, String> {
     let mut g = Given::default();
@@ -168,6 +183,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     for &suite in suites {
         let defaults = match suite {
+            _ if given.quick => quick_defaults(suite),
             Suite::Precision => PRECISION_DEFAULTS,
             Suite::Checkpoint => CHECKPOINT_DEFAULTS,
             Suite::Ddp => DDP_DEFAULTS,
@@ -218,6 +234,24 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
              cargo run --release -p xtask --features {other} -- bench --backend {other}"
         )),
     }
+}
+
+/// Writes each chart as `<out>/<suite>-<backend>-<chart>.svg` and links them under `md`.
+fn with_charts(
+    o: &Options,
+    suite: &str,
+    md: &str,
+    charts: &[plot::Chart],
+) -> Result<String, String> {
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("creating {}: {e}", o.out))?;
+    let mut md = md.to_string();
+    for chart in charts {
+        let file = format!("{suite}-{}-{}.svg", o.backend, chart.name);
+        let path = format!("{}/{file}", o.out);
+        std::fs::write(&path, chart.svg()).map_err(|e| format!("writing {path}: {e}"))?;
+        md.push_str(&format!("\n![{}]({file})\n", chart.title));
+    }
+    Ok(md)
 }
 
 /// Prints the markdown table and writes `<out>/<suite>-<backend>.{json,md}`.

@@ -15,6 +15,7 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
+use super::plot::Chart;
 use super::{Options, start_timing};
 use crate::alloc;
 
@@ -212,5 +213,28 @@ fn write_results(o: &Options, rows: &[Row]) -> Result<(), String> {
             (unguarded.steps_per_s / guarded.steps_per_s - 1.0) * 100.0
         );
     }
+    let label = |r: &Row| format!("{} {}", r.scenario, r.precision);
+    let series = |f: fn(&Row) -> f64| rows.iter().map(|r| (label(r), f(r))).collect();
+    let charts = [
+        Chart::new(
+            "throughput",
+            "Small ViT: throughput",
+            "steps/s",
+            series(|r| r.steps_per_s),
+        ),
+        Chart::new(
+            "memory",
+            "Small ViT: peak heap",
+            "MiB",
+            series(|r| r.peak_mib),
+        ),
+        Chart::new(
+            "loss",
+            "Small ViT: final loss",
+            "cross-entropy",
+            series(|r| r.final_loss),
+        ),
+    ];
+    let md = super::with_charts(o, "precision", &md, &charts)?;
     super::write_report(o, "precision", rows, &md)
 }

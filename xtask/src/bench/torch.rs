@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Options;
 use super::checkpoint::{Measured, Model, scenario};
+use super::plot::Chart;
 
 const PRECISIONS: [Precision; 2] = [Precision::Full32, Precision::Bf16Mixed];
 const POLICIES: [&str; 2] = ["none", "all"];
@@ -203,6 +204,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         let _ = std::fs::remove_file(shim);
     }
     let md = markdown(o, &rows, &version, threads);
+    let md = super::with_charts(o, "torch", &md, &charts(&rows))?;
     super::write_report(o, "torch", &rows, &md)
 }
 
@@ -230,6 +232,45 @@ fn row(
         afterburner_loss: ours.final_loss,
         pytorch_loss: theirs.final_loss,
     }
+}
+
+/// Time and peak heap, afterburner next to PyTorch, per scenario.
+fn charts(rows: &[Row]) -> Vec<Chart> {
+    let label = |r: &Row, side: &str| {
+        let model = if r.model.contains("ViT") {
+            "ViT"
+        } else {
+            "transformer"
+        };
+        format!("{model} {} ckpt {} {side}", r.precision, r.checkpointing)
+    };
+    let pairs = |ours: fn(&Row) -> f64, theirs: fn(&Row) -> f64| {
+        rows.iter()
+            .flat_map(|r| {
+                [
+                    (label(r, "afterburner"), ours(r)),
+                    (label(r, "PyTorch"), theirs(r)),
+                ]
+            })
+            .collect()
+    };
+    vec![
+        Chart::new(
+            "time",
+            "Step time",
+            "ms",
+            pairs(|r| r.afterburner_ms, |r| r.pytorch_ms),
+        ),
+        Chart::new(
+            "memory",
+            "Peak heap during forward + backward",
+            "MiB",
+            pairs(
+                |r| r.afterburner_peak_mib,
+                |r| r.pytorch_peak_mib.unwrap_or(f64::NAN),
+            ),
+        ),
+    ]
 }
 
 fn markdown(o: &Options, rows: &[Row], version: &str, threads: usize) -> String {
