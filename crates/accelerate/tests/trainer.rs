@@ -17,10 +17,7 @@ use burn::train::metric::AccuracyMetric;
 use common::{B, BATCHER, flatten, params, rng_lock, vit};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("afterburner-trainer-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    common::scratch_dir(&format!("trainer-{name}"))
 }
 
 /// 40 training digits (10 batches of 4) and 24 evaluation digits.

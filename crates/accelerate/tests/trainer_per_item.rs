@@ -112,12 +112,16 @@ fn items() -> Vec<ImageItem> {
     items
 }
 
+/// The runs' output directory (one per test process, as before: the runs only log there).
+static OUTPUT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 /// AdamW with a huge epsilon is plain SGD (`update = lr * g / eps`), so the parameters after
 /// one step show the gradient itself, not just its sign.
 fn args(batch: usize, accumulation: usize, normalization: LossNormalization) -> TrainingArguments {
     TrainingArguments {
-        output_dir: std::env::temp_dir()
-            .join(format!("afterburner-per-item-{}", std::process::id())),
+        output_dir: OUTPUT
+            .get_or_init(|| common::scratch_dir("per-item"))
+            .clone(),
         max_steps: 1,
         per_device_train_batch_size: batch,
         gradient_accumulation_steps: accumulation,

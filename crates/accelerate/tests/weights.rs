@@ -16,8 +16,9 @@ use burn::tensor::{Tensor, TensorData};
 use common::{flatten, params, rng_lock, vit};
 
 fn temp_file(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("afterburner-weights-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| common::scratch_dir("weights"));
+    std::fs::create_dir_all(dir).unwrap();
     dir.join(name)
 }
 

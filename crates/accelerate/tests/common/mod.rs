@@ -141,3 +141,32 @@ pub fn names(dir: &std::path::Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// A fresh directory for this test process, `<temp>/afterburner-tests/<name>-<pid>` (not
+/// created). The first call in a process removes what earlier test processes that are no
+/// longer running left there, so the outputs of tests that cannot clean up after themselves
+/// (a failed assertion, a directory other tests of the binary share) do not pile up.
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let root = std::env::temp_dir().join("afterburner-tests");
+    SWEPT.call_once(|| {
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+            let running = |pid: u32| std::path::Path::new("/proc").join(pid.to_string()).exists();
+            if let Some(pid) = pid
+                && pid != std::process::id()
+                && std::path::Path::new("/proc/self").exists()
+                && !running(pid)
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    });
+    let dir = root.join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
