@@ -91,15 +91,15 @@ impl<B: Backend> TransformerBlock<B> {
         let h = self
             .norm2
             .forward(x.clone(), |n: &LayerNorm<B>, x| n.forward(x));
-        let h = checkpoint(BlockKind::Cheap, self.fc1.forward(h), gelu);
-        x + self.fc2.forward(h)
+        let h = checkpoint(BlockKind::Cheap, linear_2d(&self.fc1, h), gelu);
+        x + linear_2d(&self.fc2, h)
     }
 
     fn attention(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let [b, s, d] = x.dims();
         let (heads, hd) = (self.n_heads, d / self.n_heads);
         let split = |t: Tensor<B, 3>| t.reshape([b, s, heads, hd]).swap_dims(1, 2);
-        let qkv = self.qkv.forward(x).chunk(3, 2);
+        let qkv = linear_2d(&self.qkv, x).chunk(3, 2);
         let [q, k, v] = [0, 1, 2].map(|i| split(qkv[i].clone()));
         let scores = q.matmul(k.swap_dims(2, 3));
         let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device());
@@ -111,8 +111,19 @@ impl<B: Backend> TransformerBlock<B> {
             softmax(masked, 3)
         });
         let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, d]);
-        self.proj.forward(context)
+        linear_2d(&self.proj, context)
     }
+}
+
+/// `linear` applied to the `[batch * seq, d]` view of `x`: the same values as
+/// `linear.forward(x)`, but Burn 0.21 computes the weight gradient of a 3-D input as `batch`
+/// small matmuls and a sum (and a `[batch, d_in, d_out]` temporary), where the 2-D view makes
+/// it one large matmul (docs/performance.md, "The Linear weight gradient").
+fn linear_2d<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let [b, s, d] = x.dims();
+    let y = linear.forward(x.reshape([b * s, d]));
+    let out = y.dims()[1];
+    y.reshape([b, s, out])
 }
 
 impl<B: Backend> Transformer<B> {
@@ -126,7 +137,7 @@ impl<B: Backend> Transformer<B> {
         let x = self.blocks.iter().fold(x, |x, block| {
             block.forward(x, |block: &TransformerBlock<B>, x| block.forward(x))
         });
-        self.head.forward(self.norm.forward(x))
+        linear_2d(&self.head, self.norm.forward(x))
     }
 }
 
