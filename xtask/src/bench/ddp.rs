@@ -133,7 +133,10 @@ fn step_time<I: Backend>(
         ))
     };
     let times = if workers > 1 {
-        Accelerator::<Ad<I>>::launch(config, vec![device; workers], run)
+        // One worker per device where the backend has several (GPUs), else sharing it.
+        let devices =
+            afterburner::parallel::local_devices::<I>(workers).map_err(|e| e.to_string())?;
+        Accelerator::<Ad<I>>::launch(config, devices, run)
     } else {
         Accelerator::<Ad<I>>::new(config, device)
             .and_then(run)
@@ -172,7 +175,7 @@ fn fsdp_bytes_per_rank<I: Backend>(world: usize) -> usize {
 /// Mean time of an all-reduce of `len` f32 across 2 in-process workers.
 fn all_reduce_time<I: Backend>(len: usize, reps: usize) -> Result<Duration, String> {
     let times = afterburner::parallel::launch::<I, _, String, _>(
-        vec![I::Device::default(); 2],
+        afterburner::parallel::local_devices::<I>(2).map_err(|e| e.to_string())?,
         LaunchConfig::default(),
         move |g| {
             let t = Tensor::<I, 1>::ones([len], g.device());
