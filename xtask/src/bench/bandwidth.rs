@@ -31,8 +31,28 @@ pub struct Bandwidth {
 pub fn all_reduce<I: Backend>(mib: usize, reps: usize) -> Result<Bandwidth, String> {
     let count = I::device_count(I::Device::default().id().type_id);
     let ranks = count.max(2);
-    let devices = local_devices::<I>(ranks).map_err(|e| e.to_string())?;
     let len = mib * (1 << 20) / 4;
+    let seconds = all_reduce_seconds::<I>(ranks, len, reps)?;
+    let bytes = (len * 4) as f64;
+    let algorithm = bytes / seconds / 1e9;
+    Ok(Bandwidth {
+        ranks,
+        shared_device: count <= 1,
+        mib: mib as f64,
+        ms: seconds * 1e3,
+        algorithm_gb_s: algorithm,
+        bus_gb_s: algorithm * 2.0 * (ranks as f64 - 1.0) / ranks as f64,
+    })
+}
+
+/// Mean seconds of one all-reduce (sum) of `len` f32 over `ranks` in-process workers (on
+/// distinct devices where the backend has them), the slowest rank's, after one warm-up.
+pub fn all_reduce_seconds<I: Backend>(
+    ranks: usize,
+    len: usize,
+    reps: usize,
+) -> Result<f64, String> {
+    let devices = local_devices::<I>(ranks).map_err(|e| e.to_string())?;
     let times = launch::<I, _, String, _>(devices, LaunchConfig::default(), move |g| {
         let t = Tensor::<I, 1>::ones([len], g.device());
         let warm = g
@@ -51,15 +71,5 @@ pub fn all_reduce<I: Backend>(mib: usize, reps: usize) -> Result<Bandwidth, Stri
         Ok(start.elapsed().as_secs_f64() / reps as f64)
     })
     .map_err(|e| e.to_string())?;
-    let seconds = times.into_iter().fold(0.0, f64::max);
-    let bytes = (len * 4) as f64;
-    let algorithm = bytes / seconds / 1e9;
-    Ok(Bandwidth {
-        ranks,
-        shared_device: count <= 1,
-        mib: mib as f64,
-        ms: seconds * 1e3,
-        algorithm_gb_s: algorithm,
-        bus_gb_s: algorithm * 2.0 * (ranks as f64 - 1.0) / ranks as f64,
-    })
+    Ok(times.into_iter().fold(0.0, f64::max))
 }

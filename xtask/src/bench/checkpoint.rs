@@ -31,6 +31,18 @@ pub(super) enum Model {
 }
 
 impl Model {
+    /// The models `--models` names.
+    pub(super) fn selected(o: &Options) -> Result<&'static [Model], String> {
+        match o.models.as_str() {
+            "all" => Ok(&[Model::Transformer, Model::Vit]),
+            "transformer" => Ok(&[Model::Transformer]),
+            "vit" => Ok(&[Model::Vit]),
+            other => Err(format!(
+                "unknown --models '{other}'; valid: transformer, vit, all"
+            )),
+        }
+    }
+
     pub(super) fn describe(self, o: &Options) -> String {
         match self {
             Model::Transformer => format!(
@@ -70,16 +82,7 @@ struct Row {
 
 /// Runs the suite on the inner backend `I` (`Autodiff<I>`, and `Balanced<I>` for "balanced").
 pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
-    let models: &[Model] = match o.models.as_str() {
-        "all" => &[Model::Transformer, Model::Vit],
-        "transformer" => &[Model::Transformer],
-        "vit" => &[Model::Vit],
-        other => {
-            return Err(format!(
-                "unknown --models '{other}'; valid: transformer, vit, all"
-            ));
-        }
-    };
+    let models = Model::selected(o)?;
     let mut rows = Vec::new();
     for &model in models {
         let mut best: Vec<Option<Measured>> = vec![None; POLICIES.len()];

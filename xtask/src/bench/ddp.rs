@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use afterburner::demos::models::{Vit, VitConfig};
 use afterburner::demos::{ImageBatch, digits};
-use afterburner::parallel::{
-    AutoWrapPolicy, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, ShardLayout,
-};
+use afterburner::parallel::{AutoWrapPolicy, OptimizerSharding, ShardLayout};
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Strategy,
 };
@@ -174,27 +172,7 @@ fn fsdp_bytes_per_rank<I: Backend>(world: usize) -> usize {
 
 /// Mean time of an all-reduce of `len` f32 across 2 in-process workers.
 fn all_reduce_time<I: Backend>(len: usize, reps: usize) -> Result<Duration, String> {
-    let times = afterburner::parallel::launch::<I, _, String, _>(
-        afterburner::parallel::local_devices::<I>(2).map_err(|e| e.to_string())?,
-        LaunchConfig::default(),
-        move |g| {
-            let t = Tensor::<I, 1>::ones([len], g.device());
-            let _ = g
-                .all_reduce(t.clone(), ReduceOp::Sum)
-                .map_err(|e| e.to_string())?;
-            let start = Instant::now();
-            for _ in 0..reps {
-                let r = g
-                    .all_reduce(t.clone(), ReduceOp::Sum)
-                    .map_err(|e| e.to_string())?;
-                I::sync(g.device()).ok();
-                drop(r);
-            }
-            Ok(start.elapsed() / reps as u32)
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    Ok(times.into_iter().max().unwrap_or_default())
+    super::bandwidth::all_reduce_seconds::<I>(2, len, reps).map(Duration::from_secs_f64)
 }
 
 /// Runs the suite on the inner backend `I`.

@@ -140,16 +140,7 @@ fn torch_run(
 pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     let version = check_torch()?;
     let shim = build_shim();
-    let models: &[Model] = match o.models.as_str() {
-        "all" => &[Model::Transformer, Model::Vit],
-        "transformer" => &[Model::Transformer],
-        "vit" => &[Model::Vit],
-        other => {
-            return Err(format!(
-                "unknown --models '{other}'; valid: transformer, vit, all"
-            ));
-        }
-    };
+    let models = Model::selected(o)?;
     let mut rows = Vec::new();
     let mut threads = 0;
     for &model in models {
