@@ -31,12 +31,14 @@
 #![warn(missing_docs)]
 
 pub mod autocast;
+mod backend;
 mod error;
 pub mod grads;
 mod policy;
 mod scaler;
 
 pub use autocast::{CastFloats, autocast_view, cast_module, materialize_params};
+pub use backend::Autocast;
 pub use error::PrecisionError;
 pub use policy::Precision;
 pub use scaler::{GradScaler, GradScalerConfig, GradScalerState};

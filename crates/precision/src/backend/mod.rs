@@ -1,0 +1,147 @@
+//! `Autocast<B>`: a backend that wraps another one, used as `Autodiff<Autocast<B>>`.
+//!
+//! It computes exactly what `B` computes, op for op, with one change that makes every Burn
+//! `Linear` faster: a Linear applied to a `[batch, seq, d]` input runs on the
+//! `[batch * seq, d]` view (see `linear.rs`). Burn 0.21 computes that Linear's weight gradient as
+//! `batch` small matmuls and a sum; on the 2-D view it is one large matmul, with the same
+//! values. Models built from Burn's own layers (`TransformerEncoder`, `MultiHeadAttention`,
+//! `PositionWiseFeedForward`, `Linear`) get it without a change to their code:
+//!
+//! ```
+//! use afterburner_precision::Autocast;
+//! use burn::backend::{Autodiff, Flex};
+//!
+//! type Backend = Autodiff<Autocast<Flex>>;
+//! ```
+//!
+//! `Autodiff` stays outermost, so gradients, checkpointing, collectives and Burn's optimizers
+//! see an ordinary autodiff backend. The tensors are `B`'s own (`Autocast<B>` adds no wrapper
+//! around them), so reading and writing data, devices and records are unchanged.
+//!
+//! Each op trait is implemented in its own file by the [`forward!`] macro, which writes a method
+//! that calls `B`'s method of the same name, plus the few methods written by hand. The lists
+//! were written with `tools/gen-forward.py` from burn-backend 0.21.0's traits; when Burn is
+//! bumped, rerun it and compare.
+
+use core::marker::PhantomData;
+
+use burn::tensor::DType;
+use burn::tensor::TensorData;
+use burn::tensor::backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError};
+
+mod activation;
+mod bool;
+mod float;
+mod int;
+mod linear;
+mod module;
+mod quantized;
+mod transaction;
+
+/// Implements each listed method of an op trait by calling the inner backend's method of the
+/// same name with the same arguments (`B => wrap;` passes each result through `wrap`).
+macro_rules! forward {
+    ($inner:ident => $wrap:path; $(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;)*) => {
+        $(
+            fn $name($($arg: $ty),*) -> $ret {
+                $wrap($inner::$name($($arg),*))
+            }
+        )*
+    };
+    ($inner:ident; $(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+        $(
+            fn $name($($arg: $ty),*) $(-> $ret)? {
+                $inner::$name($($arg),*)
+            }
+        )*
+    };
+}
+use forward;
+
+/// A backend that computes what `B` computes, with every `Linear` on a 2-D view of its input.
+///
+/// Use it under Burn's `Autodiff`: `Autodiff<Autocast<Flex>>`. See the [module docs](self).
+pub struct Autocast<B>(PhantomData<B>);
+
+impl<B> Clone for Autocast<B> {
+    fn clone(&self) -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<B> Default for Autocast<B> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<B: Backend> core::fmt::Debug for Autocast<B> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Autocast<{}>", core::any::type_name::<B>())
+    }
+}
+
+impl<B: Backend> BackendTypes for Autocast<B> {
+    type Device = B::Device;
+    type FloatTensorPrimitive = B::FloatTensorPrimitive;
+    type FloatElem = B::FloatElem;
+    type IntTensorPrimitive = B::IntTensorPrimitive;
+    type IntElem = B::IntElem;
+    type BoolTensorPrimitive = B::BoolTensorPrimitive;
+    type BoolElem = B::BoolElem;
+    type QuantizedTensorPrimitive = B::QuantizedTensorPrimitive;
+}
+
+impl<B: Backend> Backend for Autocast<B> {
+    fn ad_enabled(device: &Self::Device) -> bool {
+        B::ad_enabled(device)
+    }
+
+    fn memory_persistent_allocations<
+        Output: Send,
+        Input: Send,
+        Func: Fn(Input) -> Output + Send,
+    >(
+        device: &Self::Device,
+        input: Input,
+        func: Func,
+    ) -> Output {
+        B::memory_persistent_allocations(device, input, func)
+    }
+
+    fn memory_cleanup(device: &Self::Device) {
+        B::memory_cleanup(device)
+    }
+
+    /// `autocast<inner name>`, so checks on the inner backend's name still find it.
+    fn name(device: &Self::Device) -> String {
+        format!("autocast<{}>", B::name(device))
+    }
+
+    fn seed(device: &Self::Device, seed: u64) {
+        B::seed(device, seed)
+    }
+
+    fn sync(device: &Self::Device) -> Result<(), ExecutionError> {
+        B::sync(device)
+    }
+
+    fn staging<'a, Iter>(data: Iter, device: &Self::Device)
+    where
+        Iter: Iterator<Item = &'a mut TensorData>,
+    {
+        B::staging(data, device)
+    }
+
+    fn supports_dtype(device: &Self::Device, dtype: DType) -> bool {
+        B::supports_dtype(device, dtype)
+    }
+
+    fn dtype_usage(device: &Self::Device, dtype: DType) -> DTypeUsageSet {
+        B::dtype_usage(device, dtype)
+    }
+
+    fn device_count(type_id: u16) -> usize {
+        B::device_count(type_id)
+    }
+}

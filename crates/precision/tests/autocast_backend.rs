@@ -1,0 +1,170 @@
+//! `Autodiff<Autocast<Flex>>` computes what `Autodiff<Flex>` computes: same losses and gradients
+//! for models built from Burn's own layers, whose Linears it runs on a 2-D view.
+
+use afterburner_precision::Autocast;
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Distribution, ElementConversion, Int, Tensor};
+
+type Plain = Autodiff<Flex>;
+type Wrapped = Autodiff<Autocast<Flex>>;
+
+/// Serialises the tests: the backend's random generator is seeded globally.
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Every parameter's gradient, in visiting order, as f32 values.
+fn gradients<B: AutodiffBackend, M: Module<B>>(model: &M, grads: &B::Gradients) -> Vec<Vec<f32>> {
+    struct Collect<'a, B: AutodiffBackend>(&'a B::Gradients, Vec<Vec<f32>>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let grad = param
+                .val()
+                .grad(self.0)
+                .expect("every parameter has a gradient");
+            self.1
+                .push(grad.into_data().convert::<f32>().to_vec().unwrap());
+        }
+    }
+    let mut collect = Collect::<B>(grads, Vec::new());
+    model.visit(&mut collect);
+    collect.1
+}
+
+/// Largest `|a - b| / max(|b|, 1e-3)` over every value; infinite when a value is not finite.
+fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len(), "same number of tensors");
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len(), "same tensor sizes");
+            x.iter().zip(y)
+        })
+        .map(|(x, y)| {
+            if x.is_finite() && y.is_finite() {
+                (x - y).abs() / y.abs().max(1e-3)
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+/// A 2-block encoder from Burn's `TransformerEncoder`, a loss and its gradients.
+fn encoder_step<B: AutodiffBackend>() -> (f32, Vec<Vec<f32>>) {
+    let device = Default::default();
+    B::seed(&device, 7);
+    let encoder: TransformerEncoder<B> = TransformerEncoderConfig::new(16, 32, 2, 2)
+        .with_dropout(0.0)
+        .init(&device);
+    let input = Tensor::<B, 3>::random([4, 6, 16], Distribution::Normal(0.0, 1.0), &device);
+    let loss = encoder
+        .forward(TransformerEncoderInput::new(input))
+        .powi_scalar(2)
+        .mean();
+    let value = loss.clone().into_scalar().elem::<f32>();
+    let grads = loss.backward();
+    (value, gradients(&encoder, &grads))
+}
+
+#[test]
+fn transformer_encoder_has_the_same_loss_and_gradients() {
+    let _rng = RNG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (plain_loss, plain) = encoder_step::<Plain>();
+    let (wrapped_loss, wrapped) = encoder_step::<Wrapped>();
+    let loss_rel = (plain_loss - wrapped_loss).abs() / plain_loss.abs();
+    let grad_rel = max_rel(&wrapped, &plain);
+    println!(
+        "loss {plain_loss} vs {wrapped_loss} (rel {loss_rel:.1e}); gradients max rel {grad_rel:.1e}"
+    );
+    assert!(
+        plain_loss.is_finite() && plain_loss > 0.0,
+        "the loss is real: {plain_loss}"
+    );
+    assert!(loss_rel <= 1e-5, "loss differs by {loss_rel:e}");
+    assert!(grad_rel <= 1e-4, "gradients differ by {grad_rel:e}");
+    assert!(
+        plain.iter().flatten().any(|g| *g != 0.0),
+        "gradients are not all zero"
+    );
+}
+
+/// A Linear with and without bias on 1-, 2-, 3- and 4-D inputs: output, input gradient and
+/// parameter gradients.
+fn linear_step<B: AutodiffBackend>(dims: &[usize], bias: bool) -> Vec<Vec<f32>> {
+    let device = Default::default();
+    B::seed(&device, 11);
+    let linear: Linear<B> = LinearConfig::new(5, 3).with_bias(bias).init(&device);
+    let mut shape = dims.to_vec();
+    shape.push(5);
+    let input = Tensor::<B, 1>::random(
+        [shape.iter().product::<usize>()],
+        Distribution::Default,
+        &device,
+    )
+    .require_grad();
+    let (output, input_grad) = match shape.len() {
+        1 => run(&linear, input.clone()),
+        2 => run(&linear, input.clone().reshape([shape[0], shape[1]])),
+        3 => run(
+            &linear,
+            input.clone().reshape([shape[0], shape[1], shape[2]]),
+        ),
+        _ => run(
+            &linear,
+            input
+                .clone()
+                .reshape([shape[0], shape[1], shape[2], shape[3]]),
+        ),
+    };
+    let grads = input_grad.backward();
+    let mut values = vec![
+        output,
+        input.grad(&grads).unwrap().into_data().to_vec().unwrap(),
+    ];
+    values.extend(gradients(&linear, &grads));
+    values
+}
+
+/// The Linear's output values and a scalar loss of it (weighted so every output counts).
+fn run<B: Backend, const D: usize>(
+    linear: &Linear<B>,
+    x: Tensor<B, D>,
+) -> (Vec<f32>, Tensor<B, 1>) {
+    let output = linear.forward(x);
+    let weights =
+        Tensor::<B, 1, Int>::arange(0..output.shape().num_elements() as i64, &output.device())
+            .float()
+            .reshape(output.shape());
+    let values = output.to_data().convert::<f32>().to_vec().unwrap();
+    (values, (output * weights).sum())
+}
+
+#[test]
+fn linear_matches_on_every_rank_with_and_without_bias() {
+    let _rng = RNG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for dims in [&[][..], &[4], &[2, 3], &[2, 3, 2]] {
+        for bias in [true, false] {
+            let plain = linear_step::<Plain>(dims, bias);
+            let wrapped = linear_step::<Wrapped>(dims, bias);
+            let rel = max_rel(&wrapped, &plain);
+            assert!(
+                rel <= 1e-5,
+                "input {dims:?}x5, bias {bias}: differs by {rel:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn names_the_inner_backend() {
+    let name = <Autocast<Flex> as Backend>::name(&Default::default());
+    assert!(
+        name.starts_with("autocast<") && name.contains("flex"),
+        "{name}"
+    );
+}
