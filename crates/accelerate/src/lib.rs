@@ -59,7 +59,7 @@ pub use afterburner_parallel::{
     AutoWrapPolicy, FsdpConfig, ShardingStrategy, StateDictType, TrainingStrategy,
 };
 pub use afterburner_precision as precision;
-pub use afterburner_precision::Precision;
+pub use afterburner_precision::{Autocast, Precision};
 pub use config::{AcceleratorConfig, NonFinitePolicy, ProjectConfig, Strategy};
 pub use distributed::Group;
 pub use error::AccelerateError;

@@ -18,6 +18,7 @@ use burn::tensor::{Distribution, ElementConversion, Int, Tensor};
 use serde::Serialize;
 
 use super::Options;
+use super::burn_lm::BurnLm;
 use super::plot::Chart;
 use crate::alloc;
 
@@ -28,6 +29,8 @@ const SEQ_LEN: usize = 64;
 pub(super) enum Model {
     Transformer,
     Vit,
+    /// The transformer's shapes built from Burn's own layers (the Linear suite's model).
+    BurnLm,
 }
 
 impl Model {
@@ -37,8 +40,9 @@ impl Model {
             "all" => Ok(&[Model::Transformer, Model::Vit]),
             "transformer" => Ok(&[Model::Transformer]),
             "vit" => Ok(&[Model::Vit]),
+            "burn-lm" => Ok(&[Model::BurnLm]),
             other => Err(format!(
-                "unknown --models '{other}'; valid: transformer, vit, all"
+                "unknown --models '{other}'; valid: transformer, vit, burn-lm, all"
             )),
         }
     }
@@ -52,6 +56,10 @@ impl Model {
             Model::Vit => format!(
                 "ViT (6 blocks, d_model 128, MLP 256, 16 patches) on 8x8 digits, batch {}",
                 2 * o.batch_size
+            ),
+            Model::BurnLm => format!(
+                "12-block LM of Burn's TransformerEncoder (d_model 256, 4 heads, MLP 1024, vocab 256), batch {} x {SEQ_LEN} tokens",
+                o.batch_size
             ),
         }
     }
@@ -136,8 +144,7 @@ pub(super) fn scenario<B: AutodiffBackend>(
     };
     let acc = Accelerator::<B>::new(config, device.clone()).map_err(|e| e.to_string())?;
     match model {
-        Model::Transformer => {
-            let net = TransformerConfig::new().init::<B>(&device);
+        Model::Transformer | Model::BurnLm => {
             let tokens: Vec<Tensor<B, 2, Int>> = (0..2)
                 .map(|_| {
                     Tensor::<B, 2>::random(
@@ -149,13 +156,26 @@ pub(super) fn scenario<B: AutodiffBackend>(
                 })
                 .collect();
             let loss_fn = CrossEntropyLossConfig::new().init(&device);
-            measure(o, acc, net, |acc, net, i| {
+            let n = o.batch_size * SEQ_LEN;
+            let split = move |i: usize| {
                 let batch = &tokens[i % tokens.len()];
-                let n = o.batch_size * SEQ_LEN;
                 let inputs = batch.clone().slice([0..o.batch_size, 0..SEQ_LEN]);
                 let targets = batch.clone().slice([0..o.batch_size, 1..SEQ_LEN + 1]);
+                (inputs, targets.reshape([n]))
+            };
+            if let Model::BurnLm = model {
+                let net = BurnLm::<B>::new(&device);
+                return measure(o, acc, net, |acc, net, i| {
+                    let (inputs, targets) = split(i);
+                    let logits = acc.forward(net, inputs, |m, x| m.forward(x))?;
+                    Ok(loss_fn.forward(logits.reshape([n, 256]), targets))
+                });
+            }
+            let net = TransformerConfig::new().init::<B>(&device);
+            measure(o, acc, net, |acc, net, i| {
+                let (inputs, targets) = split(i);
                 let logits = acc.forward(net, inputs, |m, x| m.forward(x))?;
-                Ok(loss_fn.forward(logits.reshape([n, 256]), targets.reshape([n])))
+                Ok(loss_fn.forward(logits.reshape([n, 256]), targets))
             })
         }
         Model::Vit => {

@@ -7,6 +7,8 @@
 //!   engine receives per FSDP step, in-process and over MPI (`traffic`).
 //! - `data`: time per epoch of reading + batching (with a simulated step) with the loader's
 //!   background thread and without it.
+//! - `linear`: models built from Burn's own layers on `Autodiff<I>` and on
+//!   `Autodiff<Autocast<I>>` (every Linear on a 2-D view): step time, memory, loss.
 //! - `localsgd`: DDP vs Local SGD vs DiLoCo behind a slow link (wall time, bytes, accuracy).
 //! - `torch` (`--torch`): the checkpoint suite's models next to their PyTorch twins (step time,
 //!   peak heap, ratios), when PyTorch is installed.
@@ -14,9 +16,11 @@
 //!   with and without checkpointing, over all devices: throughput and device memory.
 
 pub mod bandwidth;
+mod burn_lm;
 mod checkpoint;
 mod data;
 mod ddp;
+mod linear;
 mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
@@ -77,6 +81,8 @@ const DATA_DEFAULTS: Defaults = (3, 1, 64, 3);
 const LOCALSGD_DEFAULTS: Defaults = (200, 0, 32, 1);
 /// Side by side with PyTorch: (steps, warmup, batch size, rounds), as the checkpoint suite.
 const TORCH_DEFAULTS: Defaults = (4, 2, 32, 2);
+/// Linear suite: (steps, warmup, batch size, rounds), as the checkpoint suite.
+const LINEAR_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
 const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
@@ -91,12 +97,13 @@ fn quick_defaults(suite: Suite) -> Defaults {
         Suite::LocalSgd => (20, 0, 32, 1),
         Suite::Presets => PRESETS_DEFAULTS,
         Suite::Torch => (1, 1, 32, 1),
+        Suite::Linear => (1, 1, 32, 1),
     }
 }
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|ddp|data|localsgd|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|ddp|data|localsgd|all] \
 [--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
-[--models transformer|vit|all (checkpoint suite)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
+[--models transformer|vit|all (checkpoint, linear, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
 fn parse(args: &[String]) -> Result<Given, String> {
     let mut g = Given::default();
@@ -162,12 +169,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "all" => &[
             Suite::Precision,
             Suite::Checkpoint,
+            Suite::Linear,
             Suite::Ddp,
             Suite::Data,
             Suite::LocalSgd,
         ],
         "precision" => &[Suite::Precision],
         "checkpoint" => &[Suite::Checkpoint],
+        "linear" => &[Suite::Linear],
         "ddp" => &[Suite::Ddp],
         "data" => &[Suite::Data],
         "localsgd" => &[Suite::LocalSgd],
@@ -175,7 +184,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "torch" => &[Suite::Torch],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, ddp, data, localsgd, \
+                "unknown suite '{other}'; valid: precision, checkpoint, linear, ddp, data, localsgd, \
                  presets, torch, all (all but presets and torch, which --preset and --torch \
                  select)"
             ));
@@ -191,6 +200,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::LocalSgd => LOCALSGD_DEFAULTS,
             Suite::Presets => PRESETS_DEFAULTS,
             Suite::Torch => TORCH_DEFAULTS,
+            Suite::Linear => LINEAR_DEFAULTS,
         };
         on_backend(&given.options(defaults), suite)?;
     }
@@ -206,6 +216,7 @@ enum Suite {
     LocalSgd,
     Presets,
     Torch,
+    Linear,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
@@ -219,6 +230,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::LocalSgd => localsgd::bench::<$inner>(o),
                 Suite::Presets => presets::bench::<$inner>(o),
                 Suite::Torch => torch::bench::<$inner>(o),
+                Suite::Linear => linear::bench::<$inner>(o),
             }
         };
     }

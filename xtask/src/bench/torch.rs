@@ -105,7 +105,8 @@ fn torch_run(
     command.arg(&script).args([
         "--model",
         match model {
-            Model::Transformer => "transformer",
+            // Same shapes and structure as the demo transformer (pre-norm, causal).
+            Model::Transformer | Model::BurnLm => "transformer",
             Model::Vit => "vit",
         },
         "--precision",
