@@ -1,11 +1,15 @@
 //! The backend, picked by cargo feature: `flex` (default, CPU), `cuda`, `wgpu`.
+//!
+//! `Autocast` under `Autodiff` computes what the inner backend computes, with every Burn
+//! `Linear` applied to the 2-D view of its input (faster and leaner on 3-D inputs; see
+//! docs/performance.md).
 
 #[cfg(feature = "cuda")]
-pub type B = burn::backend::Autodiff<burn::backend::Cuda>;
+pub type B = burn::backend::Autodiff<afterburner::Autocast<burn::backend::Cuda>>;
 #[cfg(all(feature = "wgpu", not(feature = "cuda")))]
-pub type B = burn::backend::Autodiff<burn::backend::Wgpu>;
+pub type B = burn::backend::Autodiff<afterburner::Autocast<burn::backend::Wgpu>>;
 #[cfg(all(feature = "flex", not(any(feature = "cuda", feature = "wgpu"))))]
-pub type B = burn::backend::Autodiff<burn::backend::Flex>;
+pub type B = burn::backend::Autodiff<afterburner::Autocast<burn::backend::Flex>>;
 
 /// The default device of the selected backend.
 pub fn device() -> burn::tensor::Device<B> {

@@ -20,7 +20,8 @@ struct Row {
     backend: String,
     ms_per_step: f64,
     time_vs_plain: f64,
-    fwd_bwd_peak_mib: f64,
+    /// `None` where the backend allocates outside Rust's allocator (tch).
+    fwd_bwd_peak_mib: Option<f64>,
     final_loss: f64,
 }
 
@@ -64,7 +65,8 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                     backend: stack.into(),
                     ms_per_step: m.time.as_secs_f64() * 1e3,
                     time_vs_plain: plain.map_or(f64::NAN, |p| m.time.as_secs_f64() / p),
-                    fwd_bwd_peak_mib: m.peak as f64 / (1024.0 * 1024.0),
+                    fwd_bwd_peak_mib: super::heap_is_counted(o)
+                        .then(|| m.peak as f64 / (1024.0 * 1024.0)),
                     final_loss: m.final_loss,
                 });
             }
@@ -73,16 +75,26 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     let mut md = format!(
         "Burn's layers with and without `Autocast` (Linear on the 2-D view), inner backend \
          `{}`, f32, AdamW, no checkpointing, {} timed steps after {} warm-up, best time of {} \
-         rounds. Memory: peak live heap during forward + backward (CPU backends only).\n\n\
+         rounds. Memory: peak live heap during forward + backward (CPU backends only).{}\n\n\
          | model | stack | ms/step | time vs Autodiff<I> | fwd+bwd peak MiB | final loss |\n\
          |---|---|---|---|---|---|\n",
-        o.backend, o.steps, o.warmup, o.rounds
+        o.backend,
+        o.steps,
+        o.warmup,
+        o.rounds,
+        super::heap_note(o)
     );
     for r in &rows {
         let _ = writeln!(
             md,
-            "| {} | `{}` | {:.0} | {:.2}x | {:.1} | {:.6} |",
-            r.model, r.backend, r.ms_per_step, r.time_vs_plain, r.fwd_bwd_peak_mib, r.final_loss
+            "| {} | `{}` | {:.0} | {:.2}x | {} | {:.6} |",
+            r.model,
+            r.backend,
+            r.ms_per_step,
+            r.time_vs_plain,
+            r.fwd_bwd_peak_mib
+                .map_or("n/a".into(), |p| format!("{p:.1}")),
+            r.final_loss
         );
     }
     super::write_report(o, "linear", &rows, &md)

@@ -102,7 +102,7 @@ fn quick_defaults(suite: Suite) -> Defaults {
 }
 
 pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|ddp|data|localsgd|all] \
-[--backend flex|cuda|wgpu] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
+[--backend flex|cuda|wgpu|tch] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|all (checkpoint, linear, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
 fn parse(args: &[String]) -> Result<Given, String> {
@@ -241,6 +241,8 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
         "cuda" => go!(burn::backend::Cuda),
         #[cfg(feature = "wgpu")]
         "wgpu" => go!(burn::backend::Wgpu),
+        #[cfg(feature = "tch")]
+        "tch" => go!(burn::backend::LibTorch),
         other => Err(format!(
             "backend '{other}' is not compiled in; build xtask with it: \
              cargo run --release -p xtask --features {other} -- bench --backend {other}"
@@ -282,6 +284,22 @@ pub fn write_report<T: serde::Serialize>(
     std::fs::write(format!("{base}.md"), md).map_err(|e| format!("writing {base}.md: {e}"))?;
     eprintln!("wrote {base}.json and {base}.md");
     Ok(())
+}
+
+/// Whether the counting allocator sees the backend's tensors: not for tch, whose libtorch
+/// allocates in C++.
+pub(crate) fn heap_is_counted(o: &Options) -> bool {
+    o.backend != "tch"
+}
+
+/// A sentence for reports on a backend whose heap the counting allocator does not see.
+pub(crate) fn heap_note(o: &Options) -> &'static str {
+    if heap_is_counted(o) {
+        ""
+    } else {
+        " The tch backend's tensors live in libtorch's C++ heap, which the counting allocator \
+         does not see: its memory columns are n/a."
+    }
 }
 
 /// Waits for queued device work, restarts the memory peak and returns the start instant.

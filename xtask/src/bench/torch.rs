@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use afterburner::{CheckpointPolicy, Precision};
+use afterburner::{Autocast, CheckpointPolicy, Precision};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
@@ -32,7 +32,8 @@ struct Row {
     afterburner_ms: f64,
     pytorch_ms: f64,
     time_ratio: f64,
-    afterburner_peak_mib: f64,
+    /// `None` where the backend allocates outside Rust's allocator (tch).
+    afterburner_peak_mib: Option<f64>,
     pytorch_peak_mib: Option<f64>,
     peak_ratio: Option<f64>,
     afterburner_loss: f64,
@@ -157,7 +158,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                     );
                     // Alternate which side goes first, so drift favours neither.
                     let mut run_ours = || -> Result<(), String> {
-                        let m = scenario::<Autodiff<I>>(o, model, parsed, precision)?;
+                        let m = scenario::<Autodiff<Autocast<I>>>(o, model, parsed, precision)?;
                         if ours.is_none_or(|b| m.time < b.time) {
                             ours = Some(Measured {
                                 peak: m.peak.max(ours.map_or(0, |b| b.peak)),
@@ -211,6 +212,7 @@ fn row(
     let mib = |b: f64| b / (1024.0 * 1024.0);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let peak = theirs.fwd_bwd_peak_bytes.map(mib);
+    let ours_peak = super::heap_is_counted(o).then(|| mib(ours.peak as f64));
     Row {
         model: model.describe(o),
         precision: precision.to_string(),
@@ -218,9 +220,9 @@ fn row(
         afterburner_ms: ms(ours.time),
         pytorch_ms: theirs.ms_per_step,
         time_ratio: ms(ours.time) / theirs.ms_per_step,
-        afterburner_peak_mib: mib(ours.peak as f64),
+        afterburner_peak_mib: ours_peak,
         pytorch_peak_mib: peak,
-        peak_ratio: peak.map(|p| mib(ours.peak as f64) / p),
+        peak_ratio: ours_peak.zip(peak).map(|(ours, theirs)| ours / theirs),
         afterburner_loss: ours.final_loss,
         pytorch_loss: theirs.final_loss,
     }
@@ -258,7 +260,7 @@ fn charts(rows: &[Row]) -> Vec<Chart> {
             "Peak heap during forward + backward",
             "MiB",
             pairs(
-                |r| r.afterburner_peak_mib,
+                |r| r.afterburner_peak_mib.unwrap_or(f64::NAN),
                 |r| r.pytorch_peak_mib.unwrap_or(f64::NAN),
             ),
         ),
@@ -271,8 +273,12 @@ fn markdown(o: &Options, rows: &[Row], version: &str, threads: usize) -> String 
          AdamW, {} timed steps after {} warm-up, best time of {} rounds (sides alternating). \
          Peak: live heap bytes during forward + backward above those live at the step's start \
          (a counting allocator; for PyTorch a preloaded counting malloc). Ratios are afterburner \
-         / PyTorch. Losses differ: the twins start from other random weights.\n",
-        o.backend, o.steps, o.warmup, o.rounds
+         / PyTorch. Losses differ: the twins start from other random weights.{}\n",
+        o.backend,
+        o.steps,
+        o.warmup,
+        o.rounds,
+        super::heap_note(o)
     );
     let mut model = String::new();
     for r in rows {
@@ -287,13 +293,14 @@ fn markdown(o: &Options, rows: &[Row], version: &str, threads: usize) -> String 
         }
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {:.0} | {:.2}x | {:.1} | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.2}x | {} | {} | {} |",
             r.precision,
             r.checkpointing,
             r.afterburner_ms,
             r.pytorch_ms,
             r.time_ratio,
-            r.afterburner_peak_mib,
+            r.afterburner_peak_mib
+                .map_or("n/a".into(), |p| format!("{p:.1}")),
             r.pytorch_peak_mib.map_or("-".into(), |p| format!("{p:.1}")),
             r.peak_ratio.map_or("-".into(), |p| format!("{p:.2}x")),
         );
