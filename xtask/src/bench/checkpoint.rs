@@ -92,6 +92,8 @@ struct Row {
 pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     let models = Model::selected(o)?;
     let mut rows = Vec::new();
+    let total = models.len() * o.rounds * POLICIES.len();
+    let mut progress = super::progress::Progress::new("checkpoint", total);
     for &model in models {
         let mut best: Vec<Option<Measured>> = vec![None; POLICIES.len()];
         for round in 0..o.rounds {
@@ -103,7 +105,11 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                     POLICIES.len() - 1 - k
                 };
                 let policy: CheckpointPolicy = POLICIES[s].parse().map_err(|e| format!("{e}"))?;
-                eprintln!("{model:?} round {}/{}: {policy}", round + 1, o.rounds);
+                progress.next(format!(
+                    "{model:?} round {}/{}: {policy}",
+                    round + 1,
+                    o.rounds
+                ));
                 let m = if policy == CheckpointPolicy::Balanced {
                     scenario::<Balanced<I>>(o, model, policy, Precision::Full32)?
                 } else {

@@ -148,8 +148,8 @@ pub fn bench<B: Backend>(o: &Options) -> Result<(), String> {
     );
     let made: Vec<ImageBatch<B>> = loader(0)?.epoch(0).collect();
     let mut best = [Duration::MAX; SCENARIOS.len()];
+    let mut progress = super::progress::Progress::new("data", o.rounds * SCENARIOS.len());
     for round in 0..o.rounds {
-        eprintln!("data round {}/{}", round + 1, o.rounds);
         // The order alternates between rounds so drift does not favour one scenario.
         for k in 0..SCENARIOS.len() {
             let i = if round % 2 == 0 {
@@ -158,6 +158,7 @@ pub fn bench<B: Backend>(o: &Options) -> Result<(), String> {
                 SCENARIOS.len() - 1 - k
             };
             let s = SCENARIOS[i];
+            progress.next(format!("round {}/{}: {}", round + 1, o.rounds, s.name));
             let mut sink = 0.0;
             let t = match s.prefetch {
                 Some(depth) => {

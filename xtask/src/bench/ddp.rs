@@ -203,6 +203,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     let mut best = [Duration::MAX; 5];
     let mut peak = [0usize; 5];
     let (mut all_reduces_per_step, mut fsdp_values) = (f64::NAN, f64::NAN);
+    let mut progress = super::progress::Progress::new("ddp", o.rounds * runs.len());
     for round in 0..o.rounds {
         for k in 0..runs.len() {
             let i = if round % 2 == 0 {
@@ -211,11 +212,11 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                 runs.len() - 1 - k
             };
             let (workers, strategy, checkpointing) = runs[i];
-            eprintln!(
-                "ddp round {}/{}: {workers} worker(s), {strategy}, checkpointing {checkpointing}",
+            progress.next(format!(
+                "round {}/{}: {workers} worker(s), {strategy}, checkpointing {checkpointing}",
                 round + 1,
                 o.rounds
-            );
+            ));
             let t = step_time::<I>(o, workers, strategy, checkpointing)?;
             best[i] = best[i].min(t.step);
             peak[i] = if round == 0 {

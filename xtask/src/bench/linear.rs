@@ -32,12 +32,18 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         "all" => &[Model::BurnLm, Model::Vit],
         _ => Model::selected(o)?,
     };
+    let mut progress = super::progress::Progress::new("linear", models.len() * o.rounds * 2);
     for &model in models {
         let mut best: [Option<Measured>; 2] = [None, None];
         for round in 0..o.rounds {
             for k in 0..2 {
                 let which = if round % 2 == 0 { k } else { 1 - k };
-                eprintln!("{model:?} round {}/{}: stack {which}", round + 1, o.rounds);
+                let stack = ["Autodiff<I>", "Autodiff<Autocast<I>>"][which];
+                progress.next(format!(
+                    "{model:?} round {}/{}: {stack}",
+                    round + 1,
+                    o.rounds
+                ));
                 let m = if which == 0 {
                     scenario::<Autodiff<I>>(o, model, CheckpointPolicy::None, Precision::Full32)?
                 } else {

@@ -122,22 +122,27 @@ where
         outer_dtype,
         ..diloco.clone()
     };
-    for workers in [2, 4] {
-        for (name, strategy, diloco) in [
-            ("ddp", Strategy::Ddp, diloco.clone()),
-            ("local-sgd K=8", Strategy::LocalSgd, diloco.clone()),
-            ("diloco H=50", Strategy::DiLoCo, diloco.clone()),
-            (
-                "streaming H=50 P=5 tau=5 f32",
-                Strategy::DiLoCo,
-                streaming(OuterDtype::F32),
-            ),
-            (
-                "streaming H=50 P=5 tau=5 int8",
-                Strategy::DiLoCo,
-                streaming(OuterDtype::Int8),
-            ),
-        ] {
+    let runs = [
+        ("ddp", Strategy::Ddp, diloco.clone()),
+        ("local-sgd K=8", Strategy::LocalSgd, diloco.clone()),
+        ("diloco H=50", Strategy::DiLoCo, diloco.clone()),
+        (
+            "streaming H=50 P=5 tau=5 f32",
+            Strategy::DiLoCo,
+            streaming(OuterDtype::F32),
+        ),
+        (
+            "streaming H=50 P=5 tau=5 int8",
+            Strategy::DiLoCo,
+            streaming(OuterDtype::Int8),
+        ),
+    ];
+    let workers_counts = [2, 4];
+    let total = workers_counts.len() * runs.len();
+    let mut progress = super::progress::Progress::new("localsgd", total);
+    for workers in workers_counts {
+        for (name, strategy, diloco) in runs.clone() {
+            progress.next(format!("{workers} workers: {name}"));
             let (seconds, (sent, loss, accuracy)) =
                 run::<I>(strategy, diloco, workers, o, &train, &test)?;
             rows.push(Row {

@@ -27,6 +27,7 @@ pub mod mpi;
 mod plot;
 mod precision;
 pub mod presets;
+mod progress;
 mod torch;
 #[cfg(feature = "flex")]
 pub mod traffic;

@@ -128,11 +128,17 @@ pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
     // scenario 0 = plain Burn; 1.. = Accelerator per precision. Best time over rounds.
     let n = precisions.len() + 1;
     let mut best: Vec<Option<Measured>> = vec![None; n];
+    let mut progress = super::progress::Progress::new("precision", o.rounds * n);
     for round in 0..o.rounds {
-        eprintln!("round {}/{}", round + 1, o.rounds);
         for k in 0..n {
             // Alternate the order each round so drift does not favour one scenario.
             let s = if round % 2 == 0 { k } else { n - 1 - k };
+            let name = if s == 0 {
+                "plain Burn loop".to_string()
+            } else {
+                format!("Accelerator {}", precisions[s - 1].0)
+            };
+            progress.next(format!("round {}/{}: {name}", round + 1, o.rounds));
             let m = if s == 0 {
                 plain::<B>(o, &data, &device)
             } else {

@@ -122,6 +122,13 @@ pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
         layouts.push((Strategy::Fsdp, devices.len()));
     }
     let mut rows = Vec::new();
+    let per_batch = layouts.len() * 2 * PRECISIONS.len();
+    let total = presets
+        .iter()
+        .map(|p| p.shapes(o.quick).0.len())
+        .sum::<usize>()
+        * per_batch;
+    let mut progress = super::progress::Progress::new("presets", total);
     for preset in presets {
         let (batches, size) = preset.shapes(o.quick);
         for &batch in &batches {
@@ -129,11 +136,11 @@ pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
                 for checkpointing in [false, true] {
                     let mut base = None;
                     for precision in PRECISIONS {
-                        eprintln!(
-                            "presets: {} batch {batch} {precision} checkpointing {checkpointing} \
+                        progress.next(format!(
+                            "{} batch {batch} {precision} checkpointing {checkpointing} \
                              on {world} device(s) ({strategy})",
                             preset.name()
-                        );
+                        ));
                         let setting = Setting {
                             preset,
                             batch,

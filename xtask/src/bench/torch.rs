@@ -145,17 +145,19 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     let models = Model::selected(o)?;
     let mut rows = Vec::new();
     let mut threads = 0;
+    let total = models.len() * PRECISIONS.len() * POLICIES.len() * o.rounds;
+    let mut progress = super::progress::Progress::new("torch", total);
     for &model in models {
         for precision in PRECISIONS {
             for policy in POLICIES {
                 let parsed: CheckpointPolicy = policy.parse().map_err(|e| format!("{e}"))?;
                 let (mut ours, mut theirs): (Option<Measured>, Option<TorchRun>) = (None, None);
                 for round in 0..o.rounds {
-                    eprintln!(
-                        "{model:?} {precision} checkpointing {policy}: round {}/{}",
+                    progress.next(format!(
+                        "{model:?} {precision} checkpointing {policy}: round {}/{} (both sides)",
                         round + 1,
                         o.rounds
-                    );
+                    ));
                     // Alternate which side goes first, so drift favours neither.
                     let mut run_ours = || -> Result<(), String> {
                         let m = scenario::<Autodiff<Autocast<I>>>(o, model, parsed, precision)?;
