@@ -76,6 +76,24 @@ pub(super) struct Measured {
     pub(super) final_loss: f64,
 }
 
+impl Measured {
+    /// The faster of `so_far` and `m`, with the higher of their peaks (the best time and the
+    /// worst memory over rounds).
+    pub(super) fn best(so_far: Option<Measured>, m: Measured) -> Measured {
+        match so_far {
+            Some(b) if b.time <= m.time => Measured {
+                peak: b.peak.max(m.peak),
+                ..b
+            },
+            Some(b) => Measured {
+                peak: b.peak.max(m.peak),
+                ..m
+            },
+            None => m,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct Row {
     model: String,
@@ -115,17 +133,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                 } else {
                     scenario::<burn::backend::Autodiff<I>>(o, model, policy, Precision::Full32)?
                 };
-                best[s] = Some(match best[s] {
-                    Some(b) if b.time <= m.time => Measured {
-                        peak: b.peak.max(m.peak),
-                        ..b
-                    },
-                    Some(b) => Measured {
-                        peak: b.peak.max(m.peak),
-                        ..m
-                    },
-                    None => m,
-                });
+                best[s] = Some(Measured::best(best[s], m));
             }
         }
         rows.extend(table(o, model, &best));

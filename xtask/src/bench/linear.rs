@@ -50,17 +50,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                     let none = CheckpointPolicy::None;
                     scenario::<Autodiff<Autocast<I>>>(o, model, none, Precision::Full32)?
                 };
-                best[which] = Some(match best[which] {
-                    Some(b) if b.time <= m.time => Measured {
-                        peak: b.peak.max(m.peak),
-                        ..b
-                    },
-                    Some(b) => Measured {
-                        peak: b.peak.max(m.peak),
-                        ..m
-                    },
-                    None => m,
-                });
+                best[which] = Some(Measured::best(best[which], m));
             }
         }
         let plain = best[0].map(|m| m.time.as_secs_f64());

@@ -161,12 +161,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                     // Alternate which side goes first, so drift favours neither.
                     let mut run_ours = || -> Result<(), String> {
                         let m = scenario::<Autodiff<Autocast<I>>>(o, model, parsed, precision)?;
-                        if ours.is_none_or(|b| m.time < b.time) {
-                            ours = Some(Measured {
-                                peak: m.peak.max(ours.map_or(0, |b| b.peak)),
-                                ..m
-                            });
-                        }
+                        ours = Some(Measured::best(ours, m));
                         Ok(())
                     };
                     let mut run_theirs = || -> Result<(), String> {
