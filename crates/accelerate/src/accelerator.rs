@@ -174,7 +174,29 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// The model half of [`setup`](Self::setup).
     pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
         let model = self.to_param_dtype(model.fork(&self.device));
+        self.check_shared_state(&model)?;
         Ok(self.strategy.setup(model)?)
+    }
+
+    /// A model with float state shared between clones (BatchNorm's running statistics) keeps
+    /// that state in f32 under the mixed precisions, where it meets half activations: only a
+    /// backend that promotes dtypes runs that (`Autodiff<Autocast<B>>`); say so up front
+    /// rather than let the backend panic in the first forward.
+    fn check_shared_state<M: AutodiffModule<B>>(&self, model: &M) -> Result<(), AccelerateError> {
+        let precision = self.config.precision;
+        if precision.is_mixed()
+            && !afterburner_precision::promotes_dtypes::<B>(&self.device)
+            && afterburner_precision::has_shared_float_state(model)
+        {
+            return Err(AccelerateError::invalid(
+                "precision",
+                precision,
+                "32-true or a *-true precision for a model with running statistics \
+                 (BatchNorm), or the backend wrapped as Autodiff<afterburner::Autocast<B>>, \
+                 which keeps them in f32 and promotes dtypes",
+            ));
+        }
+        Ok(())
     }
 
     /// Initialises lazy parameters and casts them to the policy's parameter dtype.

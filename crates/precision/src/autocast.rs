@@ -23,7 +23,7 @@
 //! LayerNorm and softmax therefore run in half too; the loss must be computed in f32 (cast the
 //! output with [`CastFloats`]). See `docs/precision.md` for the measured effect.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, DType, Int, Tensor};
 
@@ -73,9 +73,91 @@ impl<B: AutodiffBackend> ModuleMapper<B> for LeafCast {
 /// `dtype` through a differentiable cast, so gradients flow back to `module`'s parameters.
 ///
 /// Build a new view for every forward pass (see the module docs).
+///
+/// Module state that clones share, such as the running statistics of Burn's `BatchNorm`
+/// (a `RunningState`), stays in its own dtype and is shared with the view: Burn maps it in
+/// place, so the view puts it back untouched after the cast (updates made during the
+/// forward then reach `module`, as they do without a view). Its f32 statistics meet the half
+/// activations in f32 on a backend that promotes dtypes (`Autodiff<Autocast<B>>`).
 pub fn autocast_view<B: Backend, M: Module<B>>(module: &M, dtype: DType) -> M {
+    view_keeping_shared_state(module, dtype).0
+}
+
+/// Whether `module` holds float state that its clones share (Burn's `RunningState`, e.g.
+/// BatchNorm's running statistics): such a model needs a backend that promotes dtypes
+/// (`Autodiff<Autocast<B>>`) for the mixed precisions.
+pub fn has_shared_float_state<B: Backend, M: Module<B>>(module: &M) -> bool {
+    view_keeping_shared_state(module, DType::BF16).1
+}
+
+/// The half view, and whether shared state had to be put back after the cast.
+fn view_keeping_shared_state<B: Backend, M: Module<B>>(module: &M, dtype: DType) -> (M, bool) {
     materialize_params(module);
-    module.clone().map(&mut ViewCast(dtype))
+    let before = float_tensors(module);
+    let view = module.clone().map(&mut ViewCast(dtype));
+    let changed: Vec<_> = float_tensors(module)
+        .into_iter()
+        .zip(before)
+        .filter(|((_, now), (_, was))| now.dtype() != was.dtype())
+        .map(|(_, was)| was)
+        .collect();
+    let shared = !changed.is_empty();
+    if shared {
+        // Mapping a throw-away clone writes the originals back into the shared state.
+        let _ = module.clone().map(&mut Restore(changed));
+    }
+    (view, shared)
+}
+
+/// A float tensor of a module, boxed with its rank erased, and its id.
+type AnyFloat<B> = (ParamId, Box<dyn FloatTensorAny<B>>);
+
+/// A float tensor of any rank whose dtype can be read.
+trait FloatTensorAny<B: Backend>: core::any::Any {
+    fn dtype(&self) -> DType;
+    fn as_any(&self) -> &dyn core::any::Any;
+}
+
+impl<B: Backend, const D: usize> FloatTensorAny<B> for Tensor<B, D> {
+    fn dtype(&self) -> DType {
+        Tensor::dtype(self)
+    }
+    fn as_any(&self) -> &dyn core::any::Any {
+        self
+    }
+}
+
+/// Every float tensor of `module` (parameters and shared state), in visiting order.
+fn float_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<AnyFloat<B>> {
+    struct Collect<B: Backend>(Vec<AnyFloat<B>>);
+    impl<B: Backend> ModuleVisitor<B> for Collect<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push((param.id, Box::new(param.val())));
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    module.visit(&mut collect);
+    collect.0
+}
+
+/// Puts the given tensors back, by id.
+struct Restore<B: Backend>(Vec<AnyFloat<B>>);
+
+impl<B: Backend> ModuleMapper<B> for Restore<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let original = self
+            .0
+            .iter()
+            .find(|(id, _)| *id == param.id)
+            .and_then(|(_, t)| t.as_any().downcast_ref::<Tensor<B, D>>().cloned());
+        match original {
+            Some(tensor) => {
+                let (id, _, mapper) = param.consume();
+                Param::from_mapped_value(id, tensor, mapper)
+            }
+            None => param,
+        }
+    }
 }
 
 /// Casts a module's float parameters to `dtype` for good (the `*-true` modes): each becomes a

@@ -37,8 +37,10 @@ pub mod grads;
 mod policy;
 mod scaler;
 
-pub use autocast::{CastFloats, autocast_view, cast_module, materialize_params};
-pub use backend::Autocast;
+pub use autocast::{
+    CastFloats, autocast_view, cast_module, has_shared_float_state, materialize_params,
+};
+pub use backend::{Autocast, promotes_dtypes};
 pub use error::PrecisionError;
 pub use policy::Precision;
 pub use scaler::{GradScaler, GradScalerConfig, GradScalerState};

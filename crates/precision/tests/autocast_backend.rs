@@ -168,3 +168,43 @@ fn names_the_inner_backend() {
         "{name}"
     );
 }
+
+/// `f(x, y, w)` with `x` f32, `y` and `w` in `half`: mixed-dtype add, mul, matmul, cat, a
+/// comparison and `mask_where`; the loss and the f32 gradient of `x`.
+fn mixed_step(half: burn::tensor::DType) -> (burn::tensor::DType, f32, Vec<f32>) {
+    let device = Default::default();
+    let x = Tensor::<Wrapped, 2>::from_floats([[0.5, -1.25], [2.0, 0.75]], &device).require_grad();
+    let y = Tensor::<Wrapped, 2>::from_floats([[1.5, 0.25], [-0.5, 3.0]], &device).cast(half);
+    let w = Tensor::<Wrapped, 2>::from_floats([[0.25, 1.0], [-2.0, 0.5]], &device).cast(half);
+    let z = (x.clone() + y.clone()) * y.clone();
+    let z = z.matmul(w);
+    let z = Tensor::cat(vec![z, y.clone()], 0);
+    let keep = z.clone().greater(Tensor::cat(vec![y.clone(), y], 0));
+    let z = z.clone().mask_where(keep, z * 2.0);
+    let dtype = z.dtype();
+    let loss = z.sum();
+    let value = loss.clone().into_scalar().elem::<f32>();
+    let grads = loss.backward();
+    let gx = x.grad(&grads).expect("x has a gradient");
+    assert_eq!(
+        gx.dtype(),
+        burn::tensor::DType::F32,
+        "the f32 input's gradient is f32"
+    );
+    (dtype, value, gx.into_data().to_vec().unwrap())
+}
+
+/// Ops on an f32 and a half tensor run in f32 (PyTorch's promotion), where the inner backend
+/// alone rejects the mix; the values are those of the all-f32 computation on the same
+/// (exactly representable) numbers.
+#[test]
+fn mixed_float_dtypes_promote_to_the_wider_one() {
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let (dtype_f32, reference, grad_ref) = mixed_step(burn::tensor::DType::F32);
+    for half in [burn::tensor::DType::BF16, burn::tensor::DType::F16] {
+        let (dtype, loss, grad) = mixed_step(half);
+        assert_eq!(dtype, dtype_f32, "{half:?}: the result is f32");
+        assert_eq!(loss, reference, "{half:?}: same loss as in f32");
+        assert_eq!(grad, grad_ref, "{half:?}: same gradient as in f32");
+    }
+}

@@ -1,4 +1,5 @@
-//! `FloatTensorOps` for [`Autocast`]: every method forwarded to the inner backend.
+//! `FloatTensorOps` for [`Autocast`]: every method forwarded to the inner backend, the ops on
+//! two float tensors after dtype promotion (`promote.rs`).
 
 use burn::tensor::BoolDType;
 use burn::tensor::Distribution;
@@ -19,7 +20,19 @@ use burn::tensor::ops::GridSampleOptions;
 use burn::tensor::ops::IntTensor;
 use core::future::Future;
 
-use super::{Autocast, forward};
+use super::{Autocast, forward, promote};
+
+/// Ops on `lhs` and `rhs` (and any further arguments), run in the dtype the two meet at.
+macro_rules! promoted {
+    ($(fn $name:ident(lhs, rhs $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        $(
+            fn $name(lhs: FloatTensor<Self>, rhs: FloatTensor<Self> $(, $arg: $ty)*) -> $ret {
+                let (lhs, rhs) = promote::pair::<B>(lhs, rhs);
+                B::$name(lhs, rhs $(, $arg)*)
+            }
+        )*
+    };
+}
 
 impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
     forward! { B;
@@ -34,21 +47,14 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_into_int(tensor: FloatTensor<Self>, out_dtype: IntDType) -> IntTensor<Self>;
         fn float_empty(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self>;
         fn float_repeat_dim(tensor: FloatTensor<Self>, dim: usize, times: usize) -> FloatTensor<Self>;
-        fn float_add(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_add_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
         fn float_clamp_min(tensor: FloatTensor<Self>, min: Scalar) -> FloatTensor<Self>;
         fn float_clamp_max(tensor: FloatTensor<Self>, max: Scalar) -> FloatTensor<Self>;
         fn float_clamp(tensor: FloatTensor<Self>, min: Scalar, max: Scalar) -> FloatTensor<Self>;
-        fn float_sub(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_sub_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
-        fn float_mul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_mul_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
-        fn float_div(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_div_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
-        fn float_remainder(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_remainder_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
-        fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_cross(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
         fn float_neg(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_recip(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_transpose(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
@@ -57,26 +63,15 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_flip(tensor: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self>;
         fn float_reshape(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self>;
         fn float_gather(dim: usize, tensor: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self>;
-        fn float_scatter_add(dim: usize, tensor: FloatTensor<Self>, indices: IntTensor<Self>, value: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_scatter_nd(data: FloatTensor<Self>, indices: IntTensor<Self>, values: FloatTensor<Self>, reduction: IndexingUpdateOp) -> FloatTensor<Self>;
         fn float_gather_nd(data: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self>;
         fn float_select(tensor: FloatTensor<Self>, dim: usize, indices: IntTensor<Self>) -> FloatTensor<Self>;
-        fn float_select_add(tensor: FloatTensor<Self>, dim: usize, indices: IntTensor<Self>, value: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_slice(tensor: FloatTensor<Self>, slices: &[Slice]) -> FloatTensor<Self>;
-        fn float_slice_assign(tensor: FloatTensor<Self>, slices: &[Slice], value: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_mask_where(tensor: FloatTensor<Self>, mask: BoolTensor<Self>, value: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_mask_fill(tensor: FloatTensor<Self>, mask: BoolTensor<Self>, value: Scalar) -> FloatTensor<Self>;
-        fn float_equal(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
-        fn float_not_equal(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_equal_elem(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_not_equal_elem(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self>;
-        fn float_greater(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_greater_elem(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self>;
-        fn float_greater_equal(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_greater_equal_elem(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self>;
-        fn float_lower(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_lower_elem(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self>;
-        fn float_lower_equal(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_lower_equal_elem(lhs: FloatTensor<Self>, rhs: Scalar, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_detach(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self>;
@@ -95,7 +90,6 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_exp(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_log(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_log1p(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_powf(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_powi(lhs: FloatTensor<Self>, rhs: IntTensor<Self>) -> FloatTensor<Self>;
         fn float_powi_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
         fn float_powi_scalar_impl(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
@@ -115,13 +109,11 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_asinh(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_atan(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_atanh(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_atan2(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_round(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_floor(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_ceil(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_trunc(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_erf(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self>;
         fn float_argmax(tensor: FloatTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self>;
         fn float_argtopk(tensor: FloatTensor<Self>, dim: usize, k: usize, out_dtype: IntDType) -> IntTensor<Self>;
         fn float_topk(tensor: FloatTensor<Self>, dim: usize, k: usize) -> FloatTensor<Self>;
@@ -147,5 +139,75 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_unfold(tensor: FloatTensor<Self>, dim: usize, size: usize, step: usize) -> FloatTensor<Self>;
         fn float_is_nan(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_is_inf(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
+    }
+
+    promoted! {
+        fn float_add(lhs, rhs) -> FloatTensor<Self>;
+        fn float_sub(lhs, rhs) -> FloatTensor<Self>;
+        fn float_mul(lhs, rhs) -> FloatTensor<Self>;
+        fn float_div(lhs, rhs) -> FloatTensor<Self>;
+        fn float_remainder(lhs, rhs) -> FloatTensor<Self>;
+        fn float_matmul(lhs, rhs) -> FloatTensor<Self>;
+        fn float_powf(lhs, rhs) -> FloatTensor<Self>;
+        fn float_atan2(lhs, rhs) -> FloatTensor<Self>;
+        fn float_cross(lhs, rhs, dim: usize) -> FloatTensor<Self>;
+        fn float_equal(lhs, rhs, out_dtype: BoolDType) -> BoolTensor<Self>;
+        fn float_not_equal(lhs, rhs, out_dtype: BoolDType) -> BoolTensor<Self>;
+        fn float_greater(lhs, rhs, out_dtype: BoolDType) -> BoolTensor<Self>;
+        fn float_greater_equal(lhs, rhs, out_dtype: BoolDType) -> BoolTensor<Self>;
+        fn float_lower(lhs, rhs, out_dtype: BoolDType) -> BoolTensor<Self>;
+        fn float_lower_equal(lhs, rhs, out_dtype: BoolDType) -> BoolTensor<Self>;
+    }
+
+    fn float_mask_where(
+        tensor: FloatTensor<Self>,
+        mask: BoolTensor<Self>,
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (tensor, value) = promote::pair::<B>(tensor, value);
+        B::float_mask_where(tensor, mask, value)
+    }
+
+    fn float_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {
+        B::float_cat(promote::all::<B>(tensors), dim)
+    }
+
+    fn float_slice_assign(
+        tensor: FloatTensor<Self>,
+        slices: &[Slice],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let value = promote::like::<B>(&tensor, value);
+        B::float_slice_assign(tensor, slices, value)
+    }
+
+    fn float_scatter_add(
+        dim: usize,
+        tensor: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let value = promote::like::<B>(&tensor, value);
+        B::float_scatter_add(dim, tensor, indices, value)
+    }
+
+    fn float_scatter_nd(
+        data: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+        values: FloatTensor<Self>,
+        reduction: IndexingUpdateOp,
+    ) -> FloatTensor<Self> {
+        let values = promote::like::<B>(&data, values);
+        B::float_scatter_nd(data, indices, values, reduction)
+    }
+
+    fn float_select_add(
+        tensor: FloatTensor<Self>,
+        dim: usize,
+        indices: IntTensor<Self>,
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let value = promote::like::<B>(&tensor, value);
+        B::float_select_add(tensor, dim, indices, value)
     }
 }

@@ -6,12 +6,15 @@
 //! `[batch, d_in, d_out]` result over the batch: `batch` small matmuls and a temporary `batch`
 //! times the weight's size. On the 2-D view it is one `[d_in, N] x [N, d_out]` matmul. The
 //! forward and the input gradient likewise become one matmul each instead of a broadcast batched
-//! one. Same sums, same values up to the order of float additions.
+//! one. Same sums, same values up to the order of float additions. Operands of different float
+//! dtypes are promoted first (`promote.rs`).
 
 use burn::tensor::Shape;
 use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
+
+use super::promote;
 
 /// `[d0, ..., dk, last]` as `[d0 * ... * dk, last]`, with the leading dims to restore later;
 /// `None` for a tensor that is already 2-D or less.
@@ -43,6 +46,7 @@ pub(crate) fn forward<B: Backend>(
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
 ) -> FloatTensor<B> {
+    let (x, weight, bias) = promote::with_bias::<B>(x, weight, bias);
     let (x, leading) = flatten::<B>(x);
     unflatten::<B>(B::linear(x, weight, bias), leading)
 }
@@ -52,6 +56,7 @@ pub(crate) fn x_backward<B: Backend>(
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
+    let (weight, output_grad) = promote::pair::<B>(weight, output_grad);
     let (output_grad, leading) = flatten::<B>(output_grad);
     unflatten::<B>(B::linear_x_backward(weight, output_grad), leading)
 }
@@ -61,6 +66,7 @@ pub(crate) fn weight_backward<B: Backend>(
     x: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
+    let (x, output_grad) = promote::pair::<B>(x, output_grad);
     let (x, _) = flatten::<B>(x);
     let (output_grad, _) = flatten::<B>(output_grad);
     B::linear_weight_backward(x, output_grad)

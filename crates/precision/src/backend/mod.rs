@@ -35,6 +35,7 @@ mod float;
 mod int;
 mod linear;
 mod module;
+mod promote;
 mod quantized;
 mod transaction;
 
@@ -79,6 +80,13 @@ impl<B: Backend> core::fmt::Debug for Autocast<B> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "Autocast<{}>", core::any::type_name::<B>())
     }
+}
+
+/// Whether backend `B` promotes mixed float dtypes (an f32 tensor meeting a half one), which
+/// it does when `Autocast` is in its stack (`Autodiff<Autocast<Flex>>`); Burn's own backends
+/// reject the mix.
+pub fn promotes_dtypes<B: Backend>(device: &B::Device) -> bool {
+    B::name(device).contains("autocast<")
 }
 
 impl<B: Backend> BackendTypes for Autocast<B> {

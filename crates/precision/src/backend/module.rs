@@ -1,4 +1,5 @@
-//! `ModuleOps` for [`Autocast`]: every method forwarded to the inner backend.
+//! `ModuleOps` for [`Autocast`]: every method forwarded to the inner backend; Linear on the 2-D
+//! view of its input, and the operands of Linear and the convolutions promoted to one dtype.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
@@ -17,25 +18,58 @@ use burn::tensor::ops::MaxPool2dWithIndices;
 use burn::tensor::ops::ModuleOps;
 use burn::tensor::ops::UnfoldOptions;
 
-use super::{Autocast, forward, linear};
+use super::{Autocast, forward, linear, promote};
+
+/// A convolution's forward and backward ops, on operands promoted to one float dtype
+/// (`promote.rs`): an f32 activation meets half weights in f32.
+macro_rules! promoted_conv {
+    ($conv:ident, $x_backward:ident, $weight_backward:ident, $bias_backward:ident, $options:ty) => {
+        fn $conv(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            bias: Option<FloatTensor<Self>>,
+            options: $options,
+        ) -> FloatTensor<Self> {
+            let (x, weight, bias) = promote::with_bias::<B>(x, weight, bias);
+            B::$conv(x, weight, bias, options)
+        }
+
+        fn $x_backward(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+            options: $options,
+        ) -> FloatTensor<Self> {
+            let (x, weight, output_grad) = promote::three::<B>(x, weight, output_grad);
+            B::$x_backward(x, weight, output_grad, options)
+        }
+
+        fn $weight_backward(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+            options: $options,
+        ) -> FloatTensor<Self> {
+            let (x, weight, output_grad) = promote::three::<B>(x, weight, output_grad);
+            B::$weight_backward(x, weight, output_grad, options)
+        }
+
+        fn $bias_backward(
+            x: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            let (x, bias, output_grad) = promote::three::<B>(x, bias, output_grad);
+            B::$bias_backward(x, bias, output_grad)
+        }
+    };
+}
 
 impl<B: Backend> ModuleOps<Self> for Autocast<B> {
     forward! { B;
         fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self>;
         fn embedding_backward(weights: FloatTensor<Self>, output_grad: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self>;
-        fn conv1d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvOptions<1>) -> FloatTensor<Self>;
-        fn conv1d_x_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<1>) -> FloatTensor<Self>;
-        fn conv1d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<1>) -> FloatTensor<Self>;
-        fn conv1d_bias_backward(x: FloatTensor<Self>, bias: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn conv2d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvOptions<2>) -> FloatTensor<Self>;
-        fn conv2d_x_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<2>) -> FloatTensor<Self>;
-        fn conv2d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<2>) -> FloatTensor<Self>;
-        fn conv2d_bias_backward(x: FloatTensor<Self>, bias: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn deform_conv2d(x: FloatTensor<Self>, offset: FloatTensor<Self>, weight: FloatTensor<Self>, mask: Option<FloatTensor<Self>>, bias: Option<FloatTensor<Self>>, options: DeformConvOptions<2>) -> FloatTensor<Self>;
-        fn conv3d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvOptions<3>) -> FloatTensor<Self>;
-        fn conv3d_x_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<3>) -> FloatTensor<Self>;
-        fn conv3d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvOptions<3>) -> FloatTensor<Self>;
-        fn conv3d_bias_backward(x: FloatTensor<Self>, bias: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn conv_transpose1d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;
         fn conv_transpose1d_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;
         fn conv_transpose1d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;
@@ -95,6 +129,28 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
     fn linear_bias_backward(output_grad: FloatTensor<Self>) -> FloatTensor<Self> {
         linear::bias_backward::<B>(output_grad)
     }
+
+    promoted_conv!(
+        conv1d,
+        conv1d_x_backward,
+        conv1d_weight_backward,
+        conv1d_bias_backward,
+        ConvOptions<1>
+    );
+    promoted_conv!(
+        conv2d,
+        conv2d_x_backward,
+        conv2d_weight_backward,
+        conv2d_bias_backward,
+        ConvOptions<2>
+    );
+    promoted_conv!(
+        conv3d,
+        conv3d_x_backward,
+        conv3d_weight_backward,
+        conv3d_bias_backward,
+        ConvOptions<3>
+    );
 
     fn deform_conv2d_backward(
         x: FloatTensor<Self>,
