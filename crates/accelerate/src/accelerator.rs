@@ -6,11 +6,12 @@ use afterburner_checkpoint::{CheckpointError, CheckpointPolicy, with_derived_par
 use afterburner_parallel::{Counted, ForwardView, Traffic, TrainingStrategy};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
-    CastFloats, GradScaler, Precision, autocast_view, cast_module, materialize_params,
+    CastFloats, GradScaler, Precision, autocast_view_except, cast_module, materialize_params,
+    shared_float_state,
 };
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
-use burn::module::{AutodiffModule, Module};
+use burn::module::{AutodiffModule, Module, ParamId};
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
@@ -61,6 +62,9 @@ pub struct Accelerator<B: AutodiffBackend> {
     pub(crate) synced: bool,
     /// What this rank sent through collectives.
     pub(crate) traffic: Traffic,
+    /// Float state shared between clones of the set-up models (BatchNorm's running
+    /// statistics): the half view leaves it as it is.
+    shared_state: Mutex<Vec<ParamId>>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -135,6 +139,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
             strategy,
             synced: false,
             traffic,
+            shared_state: Mutex::new(Vec::new()),
         })
     }
 
@@ -184,10 +189,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// rather than let the backend panic in the first forward.
     fn check_shared_state<M: AutodiffModule<B>>(&self, model: &M) -> Result<(), AccelerateError> {
         let precision = self.config.precision;
-        if precision.is_mixed()
-            && !afterburner_precision::promotes_dtypes::<B>(&self.device)
-            && afterburner_precision::has_shared_float_state(model)
-        {
+        if !precision.is_mixed() {
+            return Ok(());
+        }
+        let shared = shared_float_state(model, precision.compute_dtype());
+        if shared.is_empty() {
+            return Ok(());
+        }
+        if !afterburner_precision::promotes_dtypes::<B>(&self.device) {
             return Err(AccelerateError::invalid(
                 "precision",
                 precision,
@@ -196,6 +205,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
                  which keeps them in f32 and promotes dtypes",
             ));
         }
+        let mut known = self
+            .shared_state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        known.extend(shared);
         Ok(())
     }
 
@@ -264,7 +278,15 @@ impl<B: AutodiffBackend> Accelerator<B> {
                     (Some(ForwardView { model, derived }), _) => {
                         with_derived_params(derived, || forward(&model, input))
                     }
-                    (None, Some(half)) => forward(&autocast_view(model, half), input),
+                    (None, Some(half)) => {
+                        let keep = self
+                            .shared_state
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        let view = autocast_view_except(model, half, &keep);
+                        drop(keep);
+                        forward(&view, input)
+                    }
                     (None, None) => forward(model, input),
                 }
             });

@@ -23,7 +23,7 @@
 //! LayerNorm and softmax therefore run in half too; the loss must be computed in f32 (cast the
 //! output with [`CastFloats`]). See `docs/precision.md` for the measured effect.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, DType, Int, Tensor};
 
@@ -47,13 +47,20 @@ pub fn materialize_params<B: Backend, M: Module<B>>(module: &M) {
     module.visit(&mut Touch);
 }
 
-/// Maps float parameters to `dtype` through a differentiable cast (the autocast view).
-struct ViewCast(DType);
+/// Maps float parameters to `dtype` through a differentiable cast (the autocast view),
+/// except those named in `keep`.
+struct ViewCast<'a> {
+    dtype: DType,
+    keep: &'a [ParamId],
+}
 
-impl<B: Backend> ModuleMapper<B> for ViewCast {
+impl<B: Backend> ModuleMapper<B> for ViewCast<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if self.keep.contains(&param.id) {
+            return param;
+        }
         let (id, tensor, mapper) = param.consume();
-        Param::from_mapped_value(id, tensor.cast(self.0), mapper)
+        Param::from_mapped_value(id, tensor.cast(self.dtype), mapper)
     }
 }
 
@@ -75,38 +82,63 @@ impl<B: AutodiffBackend> ModuleMapper<B> for LeafCast {
 /// Build a new view for every forward pass (see the module docs).
 ///
 /// Module state that clones share, such as the running statistics of Burn's `BatchNorm`
-/// (a `RunningState`), stays in its own dtype and is shared with the view: Burn maps it in
-/// place, so the view puts it back untouched after the cast (updates made during the
-/// forward then reach `module`, as they do without a view). Its f32 statistics meet the half
-/// activations in f32 on a backend that promotes dtypes (`Autodiff<Autocast<B>>`).
+/// (a `RunningState`), stays in its own dtype and is shared with the view (updates made
+/// during the forward reach `module`, as they do without a view); its f32 statistics meet the
+/// half activations in f32 on a backend that promotes dtypes (`Autodiff<Autocast<B>>`). Burn
+/// maps such state in place, so this function casts it and puts it back: fine in one thread.
+/// Where clones of one model run on several threads, find the state once with
+/// [`shared_float_state`] and use [`autocast_view_except`], which never touches it.
 pub fn autocast_view<B: Backend, M: Module<B>>(module: &M, dtype: DType) -> M {
-    view_keeping_shared_state(module, dtype).0
+    autocast_view_except(module, dtype, &[])
 }
 
-/// Whether `module` holds float state that its clones share (Burn's `RunningState`, e.g.
-/// BatchNorm's running statistics): such a model needs a backend that promotes dtypes
-/// (`Autodiff<Autocast<B>>`) for the mixed precisions.
-pub fn has_shared_float_state<B: Backend, M: Module<B>>(module: &M) -> bool {
-    view_keeping_shared_state(module, DType::BF16).1
-}
-
-/// The half view, and whether shared state had to be put back after the cast.
-fn view_keeping_shared_state<B: Backend, M: Module<B>>(module: &M, dtype: DType) -> (M, bool) {
+/// [`autocast_view`] that leaves the float tensors with the ids in `keep` as they are (the
+/// ids [`shared_float_state`] found), without casting them at all.
+pub fn autocast_view_except<B: Backend, M: Module<B>>(
+    module: &M,
+    dtype: DType,
+    keep: &[ParamId],
+) -> M {
     materialize_params(module);
     let before = float_tensors(module);
-    let view = module.clone().map(&mut ViewCast(dtype));
+    let view = module.clone().map(&mut ViewCast { dtype, keep });
     let changed: Vec<_> = float_tensors(module)
         .into_iter()
         .zip(before)
         .filter(|((_, now), (_, was))| now.dtype() != was.dtype())
         .map(|(_, was)| was)
         .collect();
-    let shared = !changed.is_empty();
-    if shared {
-        // Mapping a throw-away clone writes the originals back into the shared state.
+    if !changed.is_empty() {
+        // Shared state `keep` did not name: mapping a throw-away clone writes the originals
+        // back into it.
         let _ = module.clone().map(&mut Restore(changed));
     }
-    (view, shared)
+    view
+}
+
+/// The ids of `module`'s float state that its clones share (Burn's `RunningState`, e.g.
+/// BatchNorm's running statistics); empty for most models. Found on a copy (`valid()` builds
+/// fresh state), so `module` and its clones are not touched; `probe` is a dtype the backend
+/// supports other than the state's own (the mixed precision's half dtype). A model with such
+/// state needs a backend that promotes dtypes (`Autodiff<Autocast<B>>`) for the mixed
+/// precisions.
+pub fn shared_float_state<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    probe: DType,
+) -> Vec<ParamId> {
+    materialize_params(module);
+    let copy = module.valid();
+    let before = float_tensors(&copy);
+    let _ = copy.clone().map(&mut ViewCast {
+        dtype: probe,
+        keep: &[],
+    });
+    float_tensors(&copy)
+        .into_iter()
+        .zip(before)
+        .filter(|((_, now), (_, was))| now.dtype() != was.dtype())
+        .map(|((id, _), _)| id)
+        .collect()
 }
 
 /// A float tensor of a module, boxed with its rank erased, and its id.

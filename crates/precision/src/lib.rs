@@ -38,7 +38,8 @@ mod policy;
 mod scaler;
 
 pub use autocast::{
-    CastFloats, autocast_view, cast_module, has_shared_float_state, materialize_params,
+    CastFloats, autocast_view, autocast_view_except, cast_module, materialize_params,
+    shared_float_state,
 };
 pub use backend::{Autocast, promotes_dtypes};
 pub use error::PrecisionError;

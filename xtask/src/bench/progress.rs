@@ -27,7 +27,7 @@ impl Progress {
     }
 
     /// Announces the next scenario, e.g.
-    /// `[linear ##########----------  2/4] Vit round 1/2: Autocast, 41 s spent, ~41 s left`.
+    /// `[linear #####--------------- 2/4] Vit round 1/2: Autodiff<I>, 41 s spent, ~123 s left`.
     pub fn next(&mut self, label: impl Display) {
         eprintln!("{}", self.line(&label.to_string(), self.start.elapsed()));
         self.done += 1;

@@ -1,27 +1,31 @@
-//! `ActivationOps` for [`Autocast`]: every method forwarded to the inner backend.
+//! `ActivationOps` for [`Autocast`]: every method forwarded to the inner backend, those on two
+//! float tensors (the backward ops, `prelu`) after dtype promotion.
 
 use burn::tensor::Scalar;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::ActivationOps;
 use burn::tensor::ops::FloatTensor;
 
-use super::{Autocast, forward};
+use super::{Autocast, forward, promote, promoted};
 
 impl<B: Backend> ActivationOps<Self> for Autocast<B> {
     forward! { B;
         fn leaky_relu(tensor: FloatTensor<Self>, negative_slope: Scalar) -> FloatTensor<Self>;
         fn relu(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn relu_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn gelu(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn prelu(tensor: FloatTensor<Self>, alpha: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn sigmoid_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn hard_sigmoid(tensor: FloatTensor<Self>, alpha: Scalar, beta: Scalar) -> FloatTensor<Self>;
         fn log_sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
         fn log_softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
         fn softmin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-        fn log_sigmoid_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
+    }
+
+    promoted! {
+        fn relu_backward(output, grad) -> FloatTensor<Self>;
+        fn gelu_backward(x, grad) -> FloatTensor<Self>;
+        fn sigmoid_backward(output, grad) -> FloatTensor<Self>;
+        fn log_sigmoid_backward(x, grad) -> FloatTensor<Self>;
+        fn prelu(tensor, alpha) -> FloatTensor<Self>;
     }
 }

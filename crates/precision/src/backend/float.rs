@@ -20,19 +20,7 @@ use burn::tensor::ops::GridSampleOptions;
 use burn::tensor::ops::IntTensor;
 use core::future::Future;
 
-use super::{Autocast, forward, promote};
-
-/// Ops on `lhs` and `rhs` (and any further arguments), run in the dtype the two meet at.
-macro_rules! promoted {
-    ($(fn $name:ident(lhs, rhs $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
-        $(
-            fn $name(lhs: FloatTensor<Self>, rhs: FloatTensor<Self> $(, $arg: $ty)*) -> $ret {
-                let (lhs, rhs) = promote::pair::<B>(lhs, rhs);
-                B::$name(lhs, rhs $(, $arg)*)
-            }
-        )*
-    };
-}
+use super::{Autocast, forward, promote, promoted};
 
 impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
     forward! { B;

@@ -59,6 +59,21 @@ macro_rules! forward {
 }
 use forward;
 
+/// Implements each listed method, whose first two arguments are float tensors, by calling
+/// the inner backend's method after promoting those two to the dtype they meet at
+/// (`promote.rs`).
+macro_rules! promoted {
+    ($(fn $name:ident($a:ident, $b:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        $(
+            fn $name($a: FloatTensor<Self>, $b: FloatTensor<Self> $(, $arg: $ty)*) -> $ret {
+                let ($a, $b) = promote::pair::<B>($a, $b);
+                B::$name($a, $b $(, $arg)*)
+            }
+        )*
+    };
+}
+use promoted;
+
 /// A backend that computes what `B` computes, with every `Linear` on a 2-D view of its input.
 ///
 /// Use it under Burn's `Autodiff`: `Autodiff<Autocast<Flex>>`. See the [module docs](self).

@@ -18,7 +18,7 @@ use burn::tensor::ops::MaxPool2dWithIndices;
 use burn::tensor::ops::ModuleOps;
 use burn::tensor::ops::UnfoldOptions;
 
-use super::{Autocast, forward, linear, promote};
+use super::{Autocast, forward, linear, promote, promoted};
 
 /// A convolution's forward and backward ops, on operands promoted to one float dtype
 /// (`promote.rs`): an f32 activation meets half weights in f32.
@@ -84,17 +84,12 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         fn conv_transpose3d_bias_backward(x: FloatTensor<Self>, bias: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn unfold4d(x: FloatTensor<Self>, kernel_size: [usize; 2], options: UnfoldOptions) -> FloatTensor<Self>;
         fn avg_pool1d(x: FloatTensor<Self>, kernel_size: usize, stride: usize, padding: usize, count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
-        fn avg_pool1d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>, kernel_size: usize, stride: usize, padding: usize, count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
         fn avg_pool2d(x: FloatTensor<Self>, kernel_size: [usize; 2], stride: [usize; 2], padding: [usize; 2], count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
-        fn avg_pool2d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>, kernel_size: [usize; 2], stride: [usize; 2], padding: [usize; 2], count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
         fn adaptive_avg_pool2d(x: FloatTensor<Self>, output_size: [usize; 2]) -> FloatTensor<Self>;
-        fn adaptive_avg_pool2d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn adaptive_avg_pool1d(x: FloatTensor<Self>, output_size: usize) -> FloatTensor<Self>;
-        fn adaptive_avg_pool1d_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn max_pool1d(x: FloatTensor<Self>, kernel_size: usize, stride: usize, padding: usize, dilation: usize, ceil_mode: bool) -> FloatTensor<Self>;
         fn max_pool2d(x: FloatTensor<Self>, kernel_size: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], ceil_mode: bool) -> FloatTensor<Self>;
         fn interpolate(x: FloatTensor<Self>, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self>;
-        fn interpolate_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self>;
         fn attention(query: FloatTensor<Self>, key: FloatTensor<Self>, value: FloatTensor<Self>, mask: Option<BoolTensor<Self>>, attn_bias: Option<FloatTensor<Self>>, options: AttentionModuleOptions) -> FloatTensor<Self>;
         fn layer_norm(tensor: FloatTensor<Self>, gamma: FloatTensor<Self>, beta: Option<FloatTensor<Self>>, epsilon: f64) -> FloatTensor<Self>;
         fn ctc_loss(log_probs: FloatTensor<Self>, targets: IntTensor<Self>, input_lengths: IntTensor<Self>, target_lengths: IntTensor<Self>, blank: usize) -> FloatTensor<Self>;
@@ -152,6 +147,14 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         ConvOptions<3>
     );
 
+    promoted! {
+        fn avg_pool1d_backward(x, grad, kernel_size: usize, stride: usize, padding: usize, count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
+        fn avg_pool2d_backward(x, grad, kernel_size: [usize; 2], stride: [usize; 2], padding: [usize; 2], count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
+        fn adaptive_avg_pool2d_backward(x, grad) -> FloatTensor<Self>;
+        fn adaptive_avg_pool1d_backward(x, grad) -> FloatTensor<Self>;
+        fn interpolate_backward(x, grad, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self>;
+    }
+
     fn deform_conv2d_backward(
         x: FloatTensor<Self>,
         offset: FloatTensor<Self>,
@@ -197,6 +200,7 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> MaxPool1dBackward<Self> {
+        let (x, output_grad) = promote::pair::<B>(x, output_grad);
         let grads = B::max_pool1d_with_indices_backward(
             x,
             kernel_size,
@@ -238,6 +242,7 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         output_grad: FloatTensor<Self>,
         indices: IntTensor<Self>,
     ) -> MaxPool2dBackward<Self> {
+        let (x, output_grad) = promote::pair::<B>(x, output_grad);
         let grads = B::max_pool2d_with_indices_backward(
             x,
             kernel_size,
