@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::ActivationOps;
 use burn::tensor::ops::FloatTensor;
 
-use super::{Autocast, forward, promote, promoted};
+use super::{Autocast, forward, in_f32, promote, promoted, scope};
 
 impl<B: Backend> ActivationOps<Self> for Autocast<B> {
     forward! { B;
@@ -16,8 +16,6 @@ impl<B: Backend> ActivationOps<Self> for Autocast<B> {
         fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn hard_sigmoid(tensor: FloatTensor<Self>, alpha: Scalar, beta: Scalar) -> FloatTensor<Self>;
         fn log_sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-        fn log_softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
         fn softmin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
     }
 
@@ -27,5 +25,10 @@ impl<B: Backend> ActivationOps<Self> for Autocast<B> {
         fn sigmoid_backward(output, grad) -> FloatTensor<Self>;
         fn log_sigmoid_backward(x, grad) -> FloatTensor<Self>;
         fn prelu(tensor, alpha) -> FloatTensor<Self>;
+    }
+
+    in_f32! {
+        fn softmax(tensor, dim: usize) -> FloatTensor<Self>;
+        fn log_softmax(tensor, dim: usize) -> FloatTensor<Self>;
     }
 }

@@ -1,5 +1,6 @@
 //! `FloatTensorOps` for [`Autocast`]: every method forwarded to the inner backend, the ops on
-//! two float tensors after dtype promotion (`promote.rs`).
+//! two float tensors after dtype promotion (`promote.rs`); matmul in half and the
+//! precision-sensitive ops in f32 inside an op-level autocast scope (`scope.rs`).
 
 use burn::tensor::BoolDType;
 use burn::tensor::Distribution;
@@ -20,7 +21,7 @@ use burn::tensor::ops::GridSampleOptions;
 use burn::tensor::ops::IntTensor;
 use core::future::Future;
 
-use super::{Autocast, forward, promote, promoted};
+use super::{Autocast, forward, in_f32, promote, promoted, scope};
 
 impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
     forward! { B;
@@ -44,7 +45,6 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_div_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
         fn float_remainder_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
         fn float_neg(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_recip(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_transpose(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_swap_dims(tensor: FloatTensor<Self>, dim1: usize, dim2: usize) -> FloatTensor<Self>;
         fn float_permute(tensor: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self>;
@@ -64,24 +64,12 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_detach(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self>;
         fn float_is_require_grad(tensor: &FloatTensor<Self>) -> bool;
-        fn float_sum(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_sum_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-        fn float_prod(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_prod_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-        fn float_mean(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_mean_dim(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-        fn float_cumsum(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-        fn float_cumprod(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
         fn float_cummin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
         fn float_cummax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
         fn float_cast(tensor: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self>;
-        fn float_exp(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_log(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn float_log1p(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_powi(lhs: FloatTensor<Self>, rhs: IntTensor<Self>) -> FloatTensor<Self>;
         fn float_powi_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
         fn float_powi_scalar_impl(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self>;
-        fn float_powf_scalar(tensor: FloatTensor<Self>, value: Scalar) -> FloatTensor<Self>;
         fn float_powf_scalar_impl(tensor: FloatTensor<Self>, value: Scalar) -> FloatTensor<Self>;
         fn float_sqrt(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
         fn float_abs(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
@@ -135,8 +123,6 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_mul(lhs, rhs) -> FloatTensor<Self>;
         fn float_div(lhs, rhs) -> FloatTensor<Self>;
         fn float_remainder(lhs, rhs) -> FloatTensor<Self>;
-        fn float_matmul(lhs, rhs) -> FloatTensor<Self>;
-        fn float_powf(lhs, rhs) -> FloatTensor<Self>;
         fn float_atan2(lhs, rhs) -> FloatTensor<Self>;
         fn float_cross(lhs, rhs, dim: usize) -> FloatTensor<Self>;
         fn float_equal(lhs, rhs, out_dtype: BoolDType) -> BoolTensor<Self>;
@@ -197,5 +183,33 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
     ) -> FloatTensor<Self> {
         let value = promote::like::<B>(&tensor, value);
         B::float_select_add(tensor, dim, indices, value)
+    }
+
+    in_f32! {
+        fn float_exp(tensor) -> FloatTensor<Self>;
+        fn float_log(tensor) -> FloatTensor<Self>;
+        fn float_log1p(tensor) -> FloatTensor<Self>;
+        fn float_sum(tensor) -> FloatTensor<Self>;
+        fn float_sum_dim(tensor, dim: usize) -> FloatTensor<Self>;
+        fn float_mean(tensor) -> FloatTensor<Self>;
+        fn float_mean_dim(tensor, dim: usize) -> FloatTensor<Self>;
+        fn float_prod(tensor) -> FloatTensor<Self>;
+        fn float_prod_dim(tensor, dim: usize) -> FloatTensor<Self>;
+        fn float_cumsum(tensor, dim: usize) -> FloatTensor<Self>;
+        fn float_cumprod(tensor, dim: usize) -> FloatTensor<Self>;
+        fn float_recip(tensor) -> FloatTensor<Self>;
+        fn float_powf_scalar(tensor, value: Scalar) -> FloatTensor<Self>;
+    }
+
+    fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (lhs, rhs) = (scope::to_half::<B>(lhs), scope::to_half::<B>(rhs));
+        let (lhs, rhs) = promote::pair::<B>(lhs, rhs);
+        B::float_matmul(lhs, rhs)
+    }
+
+    fn float_powf(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (lhs, rhs) = (scope::to_f32::<B>(lhs), scope::to_f32::<B>(rhs));
+        let (lhs, rhs) = promote::pair::<B>(lhs, rhs);
+        B::float_powf(lhs, rhs)
     }
 }

@@ -14,7 +14,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::promote;
+use super::{promote, scope};
 
 /// `[d0, ..., dk, last]` as `[d0 * ... * dk, last]`, with the leading dims to restore later;
 /// `None` for a tensor that is already 2-D or less.
@@ -40,12 +40,15 @@ fn unflatten<B: Backend>(tensor: FloatTensor<B>, leading: Option<Vec<usize>>) ->
     }
 }
 
-/// `x @ weight + bias` computed on the 2-D view of `x`.
+/// `x @ weight + bias` computed on the 2-D view of `x` (in half inside an op-level autocast
+/// scope).
 pub(crate) fn forward<B: Backend>(
     x: FloatTensor<B>,
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
 ) -> FloatTensor<B> {
+    let (x, weight) = (scope::to_half::<B>(x), scope::to_half::<B>(weight));
+    let bias = bias.map(scope::to_half::<B>);
     let (x, weight, bias) = promote::with_bias::<B>(x, weight, bias);
     let (x, leading) = flatten::<B>(x);
     unflatten::<B>(B::linear(x, weight, bias), leading)

@@ -25,6 +25,8 @@
 
 use core::marker::PhantomData;
 
+pub use scope::{autocast_dtype, autocast_ops};
+
 use burn::tensor::DType;
 use burn::tensor::TensorData;
 use burn::tensor::backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError};
@@ -37,6 +39,7 @@ mod linear;
 mod module;
 mod promote;
 mod quantized;
+mod scope;
 mod transaction;
 
 /// Implements each listed method of an op trait by calling the inner backend's method of the
@@ -73,6 +76,20 @@ macro_rules! promoted {
     };
 }
 use promoted;
+
+/// Implements each listed method, whose first argument is a float tensor, by calling the
+/// inner backend's method on that tensor in f32 when an op-level autocast scope is on
+/// (`scope.rs`: the ops autocast keeps in full precision).
+macro_rules! in_f32 {
+    ($(fn $name:ident($t:ident $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        $(
+            fn $name($t: FloatTensor<Self> $(, $arg: $ty)*) -> $ret {
+                B::$name(scope::to_f32::<B>($t) $(, $arg)*)
+            }
+        )*
+    };
+}
+use in_f32;
 
 /// A backend that computes what `B` computes, with every `Linear` on a 2-D view of its input.
 ///

@@ -18,7 +18,7 @@ use burn::tensor::ops::MaxPool2dWithIndices;
 use burn::tensor::ops::ModuleOps;
 use burn::tensor::ops::UnfoldOptions;
 
-use super::{Autocast, forward, linear, promote, promoted};
+use super::{Autocast, forward, linear, promote, promoted, scope};
 
 /// A convolution's forward and backward ops, on operands promoted to one float dtype
 /// (`promote.rs`): an f32 activation meets half weights in f32.
@@ -30,6 +30,8 @@ macro_rules! promoted_conv {
             bias: Option<FloatTensor<Self>>,
             options: $options,
         ) -> FloatTensor<Self> {
+            let (x, weight) = (scope::to_half::<B>(x), scope::to_half::<B>(weight));
+            let bias = bias.map(scope::to_half::<B>);
             let (x, weight, bias) = promote::with_bias::<B>(x, weight, bias);
             B::$conv(x, weight, bias, options)
         }
@@ -91,7 +93,6 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         fn max_pool2d(x: FloatTensor<Self>, kernel_size: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], ceil_mode: bool) -> FloatTensor<Self>;
         fn interpolate(x: FloatTensor<Self>, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self>;
         fn attention(query: FloatTensor<Self>, key: FloatTensor<Self>, value: FloatTensor<Self>, mask: Option<BoolTensor<Self>>, attn_bias: Option<FloatTensor<Self>>, options: AttentionModuleOptions) -> FloatTensor<Self>;
-        fn layer_norm(tensor: FloatTensor<Self>, gamma: FloatTensor<Self>, beta: Option<FloatTensor<Self>>, epsilon: f64) -> FloatTensor<Self>;
         fn ctc_loss(log_probs: FloatTensor<Self>, targets: IntTensor<Self>, input_lengths: IntTensor<Self>, target_lengths: IntTensor<Self>, blank: usize) -> FloatTensor<Self>;
         fn has_ctc_loss_backward() -> bool;
         fn ctc_loss_backward(log_probs: FloatTensor<Self>, targets: IntTensor<Self>, input_lengths: IntTensor<Self>, target_lengths: IntTensor<Self>, grad_loss: FloatTensor<Self>, blank: usize) -> FloatTensor<Self>;
@@ -153,6 +154,18 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         fn adaptive_avg_pool2d_backward(x, grad) -> FloatTensor<Self>;
         fn adaptive_avg_pool1d_backward(x, grad) -> FloatTensor<Self>;
         fn interpolate_backward(x, grad, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self>;
+    }
+
+    /// Layer norm in f32 inside an op-level autocast scope, on operands of one dtype.
+    fn layer_norm(
+        tensor: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: Option<FloatTensor<Self>>,
+        epsilon: f64,
+    ) -> FloatTensor<Self> {
+        let (tensor, gamma, beta) =
+            promote::with_bias::<B>(scope::to_f32::<B>(tensor), gamma, beta);
+        B::layer_norm(tensor, gamma, beta, epsilon)
     }
 
     fn deform_conv2d_backward(

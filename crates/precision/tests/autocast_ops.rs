@@ -1,0 +1,107 @@
+//! Op-level autocast (`autocast_ops`) on Burn's `TransformerEncoder`: output and gradient
+//! errors against f32, next to the half view's (`autocast_view`), on the same weights.
+
+use afterburner_precision::{Autocast, CastFloats, autocast_ops, autocast_view};
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Distribution, Tensor};
+
+type B = Autodiff<Autocast<Flex>>;
+
+/// Relative L2 distance of `a` from `b`.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += f64::from(x - y).powi(2);
+        den += f64::from(*y).powi(2);
+    }
+    (num / den).sqrt()
+}
+
+/// Every parameter's gradient, concatenated, in f32.
+fn all_grads(
+    model: &TransformerEncoder<B>,
+    grads: &<B as burn::tensor::backend::AutodiffBackend>::Gradients,
+) -> Vec<f32> {
+    struct Collect<'a>(
+        &'a <B as burn::tensor::backend::AutodiffBackend>::Gradients,
+        Vec<f32>,
+        Vec<DType>,
+    );
+    impl ModuleVisitor<B> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let grad = param
+                .val()
+                .grad(self.0)
+                .expect("every parameter has a gradient");
+            self.2.push(grad.dtype());
+            self.1
+                .extend(grad.into_data().convert::<f32>().to_vec::<f32>().unwrap());
+        }
+    }
+    let mut c = Collect(grads, Vec::new(), Vec::new());
+    model.visit(&mut c);
+    assert!(
+        c.2.iter().all(|d| *d == DType::F32),
+        "f32 parameters get f32 gradients: {:?}",
+        c.2
+    );
+    c.1
+}
+
+/// (output, gradients) of `sum(out * target)` for the encoder computed by `run`.
+fn output_and_grads(
+    encoder: &TransformerEncoder<B>,
+    x: &Tensor<B, 3>,
+    target: &Tensor<B, 3>,
+    run: impl FnOnce(&TransformerEncoder<B>, Tensor<B, 3>) -> Tensor<B, 3>,
+) -> (Vec<f32>, Vec<f32>) {
+    let out = run(encoder, x.clone());
+    assert_eq!(out.dtype(), DType::F32);
+    let loss = (out.clone() * target.clone()).sum();
+    let grads = loss.backward();
+    (
+        out.into_data().to_vec::<f32>().unwrap(),
+        all_grads(encoder, &grads),
+    )
+}
+
+#[test]
+fn op_level_autocast_is_closer_to_f32_than_the_half_view() {
+    let device = Default::default();
+    B::seed(&device, 5);
+    let encoder = TransformerEncoderConfig::new(64, 128, 4, 2)
+        .with_dropout(0.0)
+        .init::<B>(&device);
+    let x = Tensor::<B, 3>::random([8, 16, 64], Distribution::Normal(0.0, 1.0), &device);
+    let target = Tensor::<B, 3>::random([8, 16, 64], Distribution::Normal(0.0, 1.0), &device);
+    let forward = |m: &TransformerEncoder<B>, x| m.forward(TransformerEncoderInput::new(x));
+    let (out_ref, grad_ref) = output_and_grads(&encoder, &x, &target, forward);
+    for half in [DType::BF16, DType::F16] {
+        let (out_view, grad_view) = output_and_grads(&encoder, &x, &target, |m, x| {
+            forward(&autocast_view(m, half), x.cast_floats(half)).cast_floats(DType::F32)
+        });
+        let (out_op, grad_op) = output_and_grads(&encoder, &x, &target, |m, x| {
+            autocast_ops(half, || forward(m, x)).cast_floats(DType::F32)
+        });
+        let (view_out, op_out) = (rel_l2(&out_view, &out_ref), rel_l2(&out_op, &out_ref));
+        let (view_grad, op_grad) = (rel_l2(&grad_view, &grad_ref), rel_l2(&grad_op, &grad_ref));
+        println!(
+            "{half:?}: output error view {view_out:.2e}, op {op_out:.2e}; \
+             gradient error view {view_grad:.2e}, op {op_grad:.2e}"
+        );
+        assert!(op_out > 0.0, "{half:?}: op-level autocast computes in half");
+        assert!(
+            op_out * 2.0 < view_out,
+            "{half:?}: output {op_out} vs view {view_out}"
+        );
+        assert!(
+            op_grad * 2.0 < view_grad,
+            "{half:?}: gradients {op_grad} vs view {view_grad}"
+        );
+    }
+}
