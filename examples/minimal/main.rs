@@ -8,7 +8,8 @@
 //! ```
 //! Options: --precision P (32-true, bf16-mixed, 16-mixed, bf16-true, 16-true), --epochs N,
 //! --batch-size N, --accumulation N, --max-grad-norm X, --lr X, --seed N,
-//! --gradient-checkpointing P (none, all, every-<k>), --plain.
+//! --gradient-checkpointing P (none, all, every-<k>), --autocast M (auto, op, view: how the
+//! mixed precisions run), --plain.
 
 mod backend;
 
@@ -178,6 +179,7 @@ fn parse_args() -> Result<Args, String> {
             "--gradient-checkpointing" => {
                 args.config.gradient_checkpointing = value()?.parse().map_err(|e| format!("{e}"))?
             }
+            "--autocast" => args.config.autocast = value()?.parse().map_err(|e| format!("{e}"))?,
             "--plain" => args.plain = true,
             other => return Err(format!("unknown option '{other}' (see the file's header)")),
         }

@@ -6,8 +6,8 @@ use afterburner_checkpoint::{CheckpointError, CheckpointPolicy, with_derived_par
 use afterburner_parallel::{Counted, ForwardView, Traffic, TrainingStrategy};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
-    CastFloats, GradScaler, Precision, autocast_view_except, cast_module, materialize_params,
-    shared_float_state,
+    CastFloats, GradScaler, Precision, autocast_ops, autocast_view_except, cast_module,
+    materialize_params, promotes_dtypes, shared_float_state,
 };
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
@@ -22,7 +22,7 @@ use crate::distributed::Group;
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
 use crate::strategy::AnyStrategy;
-use crate::{AccelerateError, AcceleratorConfig, NonFinitePolicy, Strategy};
+use crate::{AccelerateError, AcceleratorConfig, AutocastMode, NonFinitePolicy, Strategy};
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
@@ -91,6 +91,14 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let group = group.map(|g| Box::new(Counted::new(g, traffic.clone())) as Group<B>);
         let strategy = AnyStrategy::build(&config, group)?;
         config.precision.check_backend::<B>(&device)?;
+        if config.autocast == AutocastMode::Op && !promotes_dtypes::<B>(&device) {
+            return Err(AccelerateError::invalid(
+                "autocast",
+                config.autocast,
+                "\"view\" or \"auto\" on this backend; \"op\" needs it wrapped as \
+                 Autodiff<afterburner::Autocast<B>>",
+            ));
+        }
         if config.precision.is_emulated_on::<B>(&device) {
             tracing::warn!(
                 precision = %config.precision,
@@ -196,7 +204,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if shared.is_empty() {
             return Ok(());
         }
-        if !afterburner_precision::promotes_dtypes::<B>(&self.device) {
+        if !promotes_dtypes::<B>(&self.device) {
             return Err(AccelerateError::invalid(
                 "precision",
                 precision,
@@ -267,10 +275,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
     {
         let precision = self.config.precision;
         let compute = precision.compute_dtype();
-        let input = input.cast_floats(compute);
-        let mixed = precision.is_mixed().then_some(compute);
+        let per_op = precision.is_mixed() && self.autocasts_per_op();
+        // Per op, the input stays as it is (as under torch.autocast); otherwise it goes in the
+        // compute dtype.
+        let input = if per_op {
+            input
+        } else {
+            input.cast_floats(compute)
+        };
+        let mixed = (precision.is_mixed() && !per_op).then_some(compute);
         let view = self.strategy.forward_view(model, mixed)?;
-        let output =
+        let run = || {
             afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
                 match (view, mixed) {
                     // A recomputed block keeps its unit's sources (FSDP: the shards), not the
@@ -289,8 +304,24 @@ impl<B: AutodiffBackend> Accelerator<B> {
                     }
                     (None, None) => forward(model, input),
                 }
-            });
+            })
+        };
+        let output = if per_op {
+            autocast_ops(compute, run)
+        } else {
+            run()
+        };
         Ok(output.cast_floats(DType::F32))
+    }
+
+    /// Whether the mixed precisions run per op (`autocast = "op"`, or "auto" on a backend
+    /// with `Autocast`) rather than through a half view.
+    fn autocasts_per_op(&self) -> bool {
+        match self.config.autocast {
+            AutocastMode::Op => true,
+            AutocastMode::View => false,
+            AutocastMode::Auto => promotes_dtypes::<B>(&self.device),
+        }
     }
 
     /// Back-propagates one micro-batch's loss and adds its gradients to the pending ones,

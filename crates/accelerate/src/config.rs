@@ -19,6 +19,12 @@ use crate::AccelerateError;
 pub struct AcceleratorConfig {
     /// Precision policy: "32-true" (default), "bf16-mixed", "16-mixed", "bf16-true", "16-true".
     pub precision: Precision,
+    /// How the mixed precisions run the forward: "op" (per op, as `torch.autocast`: matmul,
+    /// Linear and convolutions in half, reductions, exp/log, softmax and layer norm in f32;
+    /// needs the backend wrapped as `Autodiff<afterburner::Autocast<B>>`), "view" (every op
+    /// of a half copy of the model) or "auto" (default: "op" where the backend has `Autocast`,
+    /// "view" otherwise). See docs/precision.md.
+    pub autocast: AutocastMode,
     /// Micro-batches per optimizer step; the update uses their mean gradient. Default 1.
     pub gradient_accumulation_steps: usize,
     /// Clip the global gradient norm to this value before each step (after unscaling).
@@ -90,6 +96,45 @@ impl Default for ProjectConfig {
         Self {
             dir: None,
             keep_last: 2,
+        }
+    }
+}
+
+/// How the mixed precisions run the forward (see [`AcceleratorConfig::autocast`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+pub enum AutocastMode {
+    /// "op" where the backend has `Autocast`, "view" otherwise.
+    #[default]
+    Auto,
+    /// Per op, inside an `autocast_ops` scope (needs `Autodiff<Autocast<B>>`).
+    Op,
+    /// A half view of the model: every op of the forward in half.
+    View,
+}
+
+impl fmt::Display for AutocastMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Op => "op",
+            Self::View => "view",
+        })
+    }
+}
+
+impl FromStr for AutocastMode {
+    type Err = AccelerateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "op" => Ok(Self::Op),
+            "view" => Ok(Self::View),
+            _ => Err(AccelerateError::invalid(
+                "autocast",
+                s,
+                "one of: auto, op, view",
+            )),
         }
     }
 }
@@ -203,6 +248,7 @@ impl Default for AcceleratorConfig {
     fn default() -> Self {
         Self {
             precision: Precision::default(),
+            autocast: AutocastMode::Auto,
             gradient_accumulation_steps: 1,
             max_grad_norm: None,
             seed: 42,

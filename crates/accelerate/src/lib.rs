@@ -60,7 +60,7 @@ pub use afterburner_parallel::{
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::{Autocast, Precision};
-pub use config::{AcceleratorConfig, NonFinitePolicy, ProjectConfig, Strategy};
+pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig, Strategy};
 pub use distributed::Group;
 pub use error::AccelerateError;
 pub use parts::{StateParts, Stateful};

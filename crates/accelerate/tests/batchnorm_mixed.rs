@@ -52,9 +52,10 @@ impl<B: Backend> Cnn<B> {
 }
 
 /// Mean loss per epoch over 4 epochs of 256 digits, and the BatchNorm's running mean.
-fn train(precision: &str) -> (Vec<f64>, Tensor<B, 1>) {
+fn train(precision: &str, autocast: &str) -> (Vec<f64>, Tensor<B, 1>) {
     let config = AcceleratorConfig {
         precision: precision.parse().unwrap(),
+        autocast: autocast.parse().unwrap(),
         seed: 5,
         ..Default::default()
     };
@@ -86,10 +87,15 @@ fn train(precision: &str) -> (Vec<f64>, Tensor<B, 1>) {
 #[test]
 fn a_batchnorm_cnn_trains_in_the_mixed_precisions() {
     let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
-    let (reference, _) = train("32-true");
-    for precision in ["bf16-mixed", "16-mixed"] {
-        let (losses, running_mean) = train(precision);
-        println!("{precision}: epoch losses {losses:?} (32-true {reference:?})");
+    let (reference, _) = train("32-true", "auto");
+    for (precision, autocast) in [
+        ("bf16-mixed", "op"),
+        ("16-mixed", "op"),
+        ("bf16-mixed", "view"),
+        ("16-mixed", "view"),
+    ] {
+        let (losses, running_mean) = train(precision, autocast);
+        println!("{precision} ({autocast}): epoch losses {losses:?} (32-true {reference:?})");
         assert!(
             losses.iter().all(|l| l.is_finite()),
             "{precision}: {losses:?}"
