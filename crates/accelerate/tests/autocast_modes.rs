@@ -2,22 +2,16 @@
 //! op-level autocast is closer to f32 than the half view on Burn's `TransformerEncoder`, "auto"
 //! picks it on this backend, and "op" on a backend without `Autocast` is a named error.
 
+mod common;
+
 use afterburner::{Accelerator, AcceleratorConfig, Autocast, AutocastMode};
 use burn::backend::{Autodiff, Flex};
 use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderInput};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
+use common::rel_l2;
 
 type B = Autodiff<Autocast<Flex>>;
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += f64::from(x - y).powi(2);
-        den += f64::from(*y).powi(2);
-    }
-    (num / den).sqrt()
-}
 
 fn accelerator<Bk: burn::tensor::backend::AutodiffBackend>(
     precision: &str,
@@ -33,6 +27,7 @@ fn accelerator<Bk: burn::tensor::backend::AutodiffBackend>(
 
 #[test]
 fn op_level_is_closer_to_f32_than_the_view_and_auto_picks_it() {
+    let _rng = common::rng_lock();
     let device = Default::default();
     B::seed(&device, 5);
     let encoder = TransformerEncoderConfig::new(64, 128, 4, 2)
@@ -75,6 +70,7 @@ fn op_level_is_closer_to_f32_than_the_view_and_auto_picks_it() {
 
 #[test]
 fn op_needs_the_autocast_backend_and_bad_modes_are_named() {
+    let _rng = common::rng_lock();
     let err = accelerator::<Autodiff<Flex>>("bf16-mixed", "op")
         .err()
         .expect("op on plain flex is refused")
