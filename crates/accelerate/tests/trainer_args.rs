@@ -280,3 +280,21 @@ fn defaults_equal_transformers_training_arguments() {
         assert!(same, "{key}: ours {got}, transformers {want}");
     }
 }
+
+/// `autocast` (afterburner's) reaches the Accelerator's config; a bad value names the key.
+#[test]
+fn autocast_is_an_argument() {
+    let args = TrainingArguments::from_args(["--bf16", "--autocast", "view"]).unwrap();
+    assert_eq!(
+        args.accelerator_config().autocast,
+        afterburner::AutocastMode::View
+    );
+    assert_eq!(
+        TrainingArguments::default().accelerator_config().autocast,
+        afterburner::AutocastMode::Auto
+    );
+    let bad = TrainingArguments::from_toml("autocast = \"per-op\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(bad.contains("autocast") && bad.contains("per-op"), "{bad}");
+}

@@ -8,7 +8,7 @@ use afterburner_precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use super::choices::{IntervalStrategy, LossNormalization, SchedulerType};
-use crate::{AccelerateError, AcceleratorConfig, Strategy};
+use crate::{AccelerateError, AcceleratorConfig, AutocastMode, Strategy};
 
 /// Everything the [`Trainer`](super::Trainer) needs to know, with the names and defaults of
 /// HuggingFace's `TrainingArguments` where HF has the knob. Loads from TOML or JSON
@@ -65,6 +65,10 @@ pub struct TrainingArguments {
     /// HF's flag for fp16 mixed precision with loss scaling (`precision = "16-mixed"`).
     /// Default false.
     pub fp16: bool,
+    /// How the mixed precisions run (afterburner's): "auto" (default: per op on a backend
+    /// wrapped as `Autodiff<Autocast<B>>`, a half view otherwise), "op" or "view"; see
+    /// docs/precision.md.
+    pub autocast: AutocastMode,
     /// Activation checkpointing of the model's `Checkpointed` blocks: false (default), true
     /// (every block), or a policy string ("every-2", "selective", ...).
     pub gradient_checkpointing: CheckpointPolicy,
@@ -147,6 +151,7 @@ impl Default for TrainingArguments {
             gradient_accumulation_steps: 1,
             loss_normalization: LossNormalization::BatchMean,
             precision: Precision::default(),
+            autocast: AutocastMode::Auto,
             bf16: false,
             fp16: false,
             gradient_checkpointing: CheckpointPolicy::default(),
@@ -248,6 +253,7 @@ impl TrainingArguments {
     pub fn accelerator_config(&self) -> AcceleratorConfig {
         AcceleratorConfig {
             precision: self.effective_precision(),
+            autocast: self.autocast,
             gradient_accumulation_steps: self.gradient_accumulation_steps,
             max_grad_norm: (self.max_grad_norm > 0.0).then_some(self.max_grad_norm),
             seed: self.seed,

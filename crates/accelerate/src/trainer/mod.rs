@@ -355,6 +355,7 @@ fn check_same_config<B: AutodiffBackend>(
     let have = acc.config();
     let differs = [
         ("precision", want.precision != have.precision),
+        ("autocast", want.autocast != have.autocast),
         (
             "gradient_accumulation_steps",
             want.gradient_accumulation_steps != have.gradient_accumulation_steps,
