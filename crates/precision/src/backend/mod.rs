@@ -1,11 +1,17 @@
 //! `Autocast<B>`: a backend that wraps another one, used as `Autodiff<Autocast<B>>`.
 //!
-//! It computes exactly what `B` computes, op for op, with one change that makes every Burn
-//! `Linear` faster: a Linear applied to a `[batch, seq, d]` input runs on the
-//! `[batch * seq, d]` view (see `linear.rs`). Burn 0.21 computes that Linear's weight gradient as
-//! `batch` small matmuls and a sum; on the 2-D view it is one large matmul, with the same
-//! values. Models built from Burn's own layers (`TransformerEncoder`, `MultiHeadAttention`,
-//! `PositionWiseFeedForward`, `Linear`) get it without a change to their code:
+//! On tensors of one dtype, outside an autocast scope, it computes what `B` computes, op for
+//! op, with one change that makes every Burn `Linear` faster: a Linear applied to a
+//! `[batch, seq, d]` input runs on the `[batch * seq, d]` view (see `linear.rs`). Burn 0.21
+//! computes that Linear's weight gradient as `batch` small matmuls and a sum; on the 2-D view
+//! it is one large matmul, with the same values. Two more things it adds over `B`:
+//! - dtype promotion: an op on an f32 and a half tensor runs in f32, as in PyTorch, where
+//!   Burn's backends reject the mix (`promote.rs`);
+//! - op-level autocast: inside [`autocast_ops`], matmul, Linear and convolutions run in half
+//!   and the precision-sensitive ops in f32, as under `torch.autocast` (`scope.rs`).
+//!
+//! Models built from Burn's own layers (`TransformerEncoder`, `MultiHeadAttention`,
+//! `PositionWiseFeedForward`, `Linear`) get all of it without a change to their code:
 //!
 //! ```
 //! use afterburner_precision::Autocast;
@@ -91,9 +97,12 @@ macro_rules! in_f32 {
 }
 use in_f32;
 
-/// A backend that computes what `B` computes, with every `Linear` on a 2-D view of its input.
+/// A backend that computes what `B` computes, with every `Linear` on a 2-D view of its input,
+/// mixed float dtypes promoted to the wider one, and op-level autocast inside
+/// [`autocast_ops`](crate::autocast_ops).
 ///
-/// Use it under Burn's `Autodiff`: `Autodiff<Autocast<Flex>>`. See the [module docs](self).
+/// Use it under Burn's `Autodiff`: `Autodiff<Autocast<Flex>>` (docs/performance.md,
+/// docs/precision.md).
 pub struct Autocast<B>(PhantomData<B>);
 
 impl<B> Clone for Autocast<B> {
