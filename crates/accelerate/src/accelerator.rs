@@ -2,16 +2,15 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use afterburner_checkpoint::{CheckpointError, CheckpointPolicy, with_derived_params};
-use afterburner_parallel::{Counted, ForwardView, Traffic, TrainingStrategy};
+use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
+use afterburner_parallel::{Counted, Traffic, TrainingStrategy};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{
-    CastFloats, GradScaler, Precision, autocast_ops, autocast_view_except, cast_module,
-    materialize_params, promotes_dtypes, shared_float_state,
+    GradScaler, Precision, cast_module, materialize_params, promotes_dtypes,
 };
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
-use burn::module::{AutodiffModule, Module, ParamId};
+use burn::module::{AutodiffModule, ParamId};
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
@@ -64,7 +63,7 @@ pub struct Accelerator<B: AutodiffBackend> {
     pub(crate) traffic: Traffic,
     /// Float state shared between clones of the set-up models (BatchNorm's running
     /// statistics): the half view leaves it as it is.
-    shared_state: Mutex<Vec<ParamId>>,
+    pub(crate) shared_state: Mutex<Vec<ParamId>>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -191,36 +190,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(self.strategy.setup(model)?)
     }
 
-    /// A model with float state shared between clones (BatchNorm's running statistics) keeps
-    /// that state in f32 under the mixed precisions, where it meets half activations: only a
-    /// backend that promotes dtypes runs that (`Autodiff<Autocast<B>>`); say so up front
-    /// rather than let the backend panic in the first forward.
-    fn check_shared_state<M: AutodiffModule<B>>(&self, model: &M) -> Result<(), AccelerateError> {
-        let precision = self.config.precision;
-        if !precision.is_mixed() {
-            return Ok(());
-        }
-        let shared = shared_float_state(model, precision.compute_dtype());
-        if shared.is_empty() {
-            return Ok(());
-        }
-        if !promotes_dtypes::<B>(&self.device) {
-            return Err(AccelerateError::invalid(
-                "precision",
-                precision,
-                "32-true or a *-true precision for a model with running statistics \
-                 (BatchNorm), or the backend wrapped as Autodiff<afterburner::Autocast<B>>, \
-                 which keeps them in f32 and promotes dtypes",
-            ));
-        }
-        let mut known = self
-            .shared_state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        known.extend(shared);
-        Ok(())
-    }
-
     /// Initialises lazy parameters and casts them to the policy's parameter dtype.
     pub(crate) fn to_param_dtype<M: AutodiffModule<B>>(&self, model: M) -> M {
         materialize_params(&model);
@@ -257,71 +226,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
         )?
         .shuffle(self.config.seed)
         .shard(self.rank(), self.world_size())
-    }
-
-    /// Runs `forward(model, input)` under the precision policy: inputs' float tensors are cast
-    /// to the compute dtype, a fresh half view of the model is used in the mixed modes, and the
-    /// output's float tensors come back in f32 so the loss is computed in f32. The model's
-    /// `Checkpointed` blocks follow the config's `gradient_checkpointing` policy (their
-    /// recompute runs in the same half view, so in the same dtypes). Under FSDP the forward
-    /// pass runs on a view whose units are gathered from every rank when first read; a model
-    /// that is not the one `setup`/`step` returned is an error here, before anything runs.
-    pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> Result<O, AccelerateError>
-    where
-        M: Module<B>,
-        I: CastFloats,
-        O: CastFloats,
-        F: FnOnce(&M, I) -> O,
-    {
-        let precision = self.config.precision;
-        let compute = precision.compute_dtype();
-        let per_op = precision.is_mixed() && self.autocasts_per_op();
-        // Per op, the input stays as it is (as under torch.autocast); otherwise it goes in the
-        // compute dtype.
-        let input = if per_op {
-            input
-        } else {
-            input.cast_floats(compute)
-        };
-        let mixed = (precision.is_mixed() && !per_op).then_some(compute);
-        let view = self.strategy.forward_view(model, mixed)?;
-        let run = || {
-            afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
-                match (view, mixed) {
-                    // A recomputed block keeps its unit's sources (FSDP: the shards), not the
-                    // built parameters, and builds them again in the backward pass.
-                    (Some(ForwardView { model, derived }), _) => {
-                        with_derived_params(derived, || forward(&model, input))
-                    }
-                    (None, Some(half)) => {
-                        let keep = self
-                            .shared_state
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner);
-                        let view = autocast_view_except(model, half, &keep);
-                        drop(keep);
-                        forward(&view, input)
-                    }
-                    (None, None) => forward(model, input),
-                }
-            })
-        };
-        let output = if per_op {
-            autocast_ops(compute, run)
-        } else {
-            run()
-        };
-        Ok(output.cast_floats(DType::F32))
-    }
-
-    /// Whether the mixed precisions run per op (`autocast = "op"`, or "auto" on a backend
-    /// with `Autocast`) rather than through a half view.
-    fn autocasts_per_op(&self) -> bool {
-        match self.config.autocast {
-            AutocastMode::Op => true,
-            AutocastMode::View => false,
-            AutocastMode::Auto => promotes_dtypes::<B>(&self.device),
-        }
     }
 
     /// Back-propagates one micro-batch's loss and adds its gradients to the pending ones,

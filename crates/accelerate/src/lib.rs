@@ -36,6 +36,7 @@ pub mod data;
 pub mod demos;
 mod distributed;
 mod error;
+mod forward;
 mod gradients;
 mod outcome;
 mod parts;

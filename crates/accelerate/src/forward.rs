@@ -1,0 +1,116 @@
+//! The Accelerator's forward pass under the precision policy: per-op autocast or a half
+//! view of the model, and the set-up check for state the half view must leave alone.
+
+use std::sync::PoisonError;
+
+use afterburner_checkpoint::with_derived_params;
+use afterburner_parallel::{ForwardView, TrainingStrategy};
+use afterburner_precision::{
+    CastFloats, autocast_ops, autocast_view_except, promotes_dtypes, shared_float_state,
+};
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::DType;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::{AccelerateError, Accelerator, AutocastMode};
+
+impl<B: AutodiffBackend> Accelerator<B> {
+    /// Runs `forward(model, input)` under the precision policy: in the mixed modes per op
+    /// (`autocast = "op"`: inside an `autocast_ops` scope, the input as it is) or on a fresh
+    /// half view of the model (`"view"`: the input's float tensors cast to the compute dtype),
+    /// and the output's float tensors come back in f32 so the loss is computed in f32. The model's
+    /// `Checkpointed` blocks follow the config's `gradient_checkpointing` policy (their
+    /// recompute runs in the same half view, so in the same dtypes). Under FSDP the forward
+    /// pass runs on a view whose units are gathered from every rank when first read; a model
+    /// that is not the one `setup`/`step` returned is an error here, before anything runs.
+    pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> Result<O, AccelerateError>
+    where
+        M: Module<B>,
+        I: CastFloats,
+        O: CastFloats,
+        F: FnOnce(&M, I) -> O,
+    {
+        let precision = self.config.precision;
+        let compute = precision.compute_dtype();
+        let per_op = precision.is_mixed() && self.autocasts_per_op();
+        // Per op, the input stays as it is (as under torch.autocast); otherwise it goes in the
+        // compute dtype.
+        let input = if per_op {
+            input
+        } else {
+            input.cast_floats(compute)
+        };
+        let mixed = (precision.is_mixed() && !per_op).then_some(compute);
+        let view = self.strategy.forward_view(model, mixed)?;
+        let run = || {
+            afterburner_checkpoint::with_policy(self.config.gradient_checkpointing, || {
+                match (view, mixed) {
+                    // A recomputed block keeps its unit's sources (FSDP: the shards), not the
+                    // built parameters, and builds them again in the backward pass.
+                    (Some(ForwardView { model, derived }), _) => {
+                        with_derived_params(derived, || forward(&model, input))
+                    }
+                    (None, Some(half)) => {
+                        let keep = self
+                            .shared_state
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        let view = autocast_view_except(model, half, &keep);
+                        drop(keep);
+                        forward(&view, input)
+                    }
+                    (None, None) => forward(model, input),
+                }
+            })
+        };
+        let output = if per_op {
+            autocast_ops(compute, run)
+        } else {
+            run()
+        };
+        Ok(output.cast_floats(DType::F32))
+    }
+
+    /// Whether the mixed precisions run per op (`autocast = "op"`, or "auto" on a backend
+    /// with `Autocast`) rather than through a half view.
+    fn autocasts_per_op(&self) -> bool {
+        match self.config.autocast {
+            AutocastMode::Op => true,
+            AutocastMode::View => false,
+            AutocastMode::Auto => promotes_dtypes::<B>(&self.device),
+        }
+    }
+
+    /// A model with float state shared between clones (BatchNorm's running statistics) keeps
+    /// that state in f32 under the mixed precisions, where it meets half activations: only a
+    /// backend that promotes dtypes runs that (`Autodiff<Autocast<B>>`); say so up front
+    /// rather than let the backend panic in the first forward.
+    pub(crate) fn check_shared_state<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+    ) -> Result<(), AccelerateError> {
+        let precision = self.config.precision;
+        if !precision.is_mixed() {
+            return Ok(());
+        }
+        let shared = shared_float_state(model, precision.compute_dtype());
+        if shared.is_empty() {
+            return Ok(());
+        }
+        if !promotes_dtypes::<B>(&self.device) {
+            return Err(AccelerateError::invalid(
+                "precision",
+                precision,
+                "32-true or a *-true precision for a model with running statistics \
+                 (BatchNorm), or the backend wrapped as Autodiff<afterburner::Autocast<B>>, \
+                 which keeps them in f32 and promotes dtypes",
+            ));
+        }
+        let mut known = self
+            .shared_state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        known.extend(shared);
+        Ok(())
+    }
+}
