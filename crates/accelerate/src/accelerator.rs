@@ -264,7 +264,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if new.is_empty() {
             return Err(AccelerateError::NoGradients(
                 "backward(): no gradient reached the model's parameters; compute the loss with \
-                 acc.forward(&model, ..) on the model returned by setup()"
+                 acc.forward(&model, ..) on the model returned by setup() (a model with no parameters \
+                 also lands here: Burn's #[derive(Module)] finds them only when the backend \
+                 generic is named `B`)"
                     .into(),
             ));
         }
