@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use afterburner::checkpoint::Balanced;
 use afterburner::demos::models::{TransformerConfig, VitConfig};
 use afterburner::demos::{ImageBatch, digits};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Precision};
+use afterburner::{
+    AccelerateError, Accelerator, AcceleratorConfig, AutocastMode, CheckpointPolicy, Precision,
+};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -149,9 +151,21 @@ pub(super) fn scenario<B: AutodiffBackend>(
     policy: CheckpointPolicy,
     precision: Precision,
 ) -> Result<Measured, String> {
+    scenario_autocast::<B>(o, model, policy, precision, AutocastMode::Auto)
+}
+
+/// [`scenario`] with the mixed precisions' autocast mode (op-level or the half view).
+pub(super) fn scenario_autocast<B: AutodiffBackend>(
+    o: &Options,
+    model: Model,
+    policy: CheckpointPolicy,
+    precision: Precision,
+    autocast: AutocastMode,
+) -> Result<Measured, String> {
     let device = B::Device::default();
     let config = AcceleratorConfig {
         precision,
+        autocast,
         gradient_checkpointing: policy,
         seed: 0,
         ..Default::default()

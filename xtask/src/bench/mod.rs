@@ -9,12 +9,16 @@
 //!   background thread and without it.
 //! - `linear`: models built from Burn's own layers on `Autodiff<I>` and on
 //!   `Autodiff<Autocast<I>>` (every Linear on a 2-D view): step time, memory, loss.
+//! - `autocast`: op-level autocast next to the half view: errors against f32 (and PyTorch's
+//!   autocast's on the same weights, when PyTorch imports), step time and memory.
 //! - `localsgd`: DDP vs Local SGD vs DiLoCo behind a slow link (wall time, bytes, accuracy).
 //! - `torch` (`--torch`): the checkpoint suite's models next to their PyTorch twins (step time,
 //!   peak heap, ratios), when PyTorch is installed.
 //! - `presets` (`--preset vit-b16|gpt2-small|all`): the talk's models under each precision,
 //!   with and without checkpointing, over all devices: throughput and device memory.
 
+mod autocast;
+mod autocast_error;
 pub mod bandwidth;
 mod burn_lm;
 mod checkpoint;
@@ -84,6 +88,8 @@ const LOCALSGD_DEFAULTS: Defaults = (200, 0, 32, 1);
 const TORCH_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Linear suite: (steps, warmup, batch size, rounds), as the checkpoint suite.
 const LINEAR_DEFAULTS: Defaults = (4, 2, 32, 2);
+/// Autocast suite: (steps, warmup, batch size, rounds), as the checkpoint suite.
+const AUTOCAST_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
 const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
@@ -99,12 +105,13 @@ fn quick_defaults(suite: Suite) -> Defaults {
         Suite::Presets => PRESETS_DEFAULTS,
         Suite::Torch => (1, 1, 32, 1),
         Suite::Linear => (1, 1, 32, 1),
+        Suite::Autocast => (1, 1, 32, 1),
     }
 }
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|ddp|data|localsgd|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|all] \
 [--backend flex|cuda|wgpu|tch] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
-[--models transformer|vit|all (checkpoint, linear, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
+[--models transformer|vit|burn-lm|all (checkpoint, linear, autocast, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
 fn parse(args: &[String]) -> Result<Given, String> {
     let mut g = Given::default();
@@ -171,6 +178,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Precision,
             Suite::Checkpoint,
             Suite::Linear,
+            Suite::Autocast,
             Suite::Ddp,
             Suite::Data,
             Suite::LocalSgd,
@@ -178,6 +186,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "precision" => &[Suite::Precision],
         "checkpoint" => &[Suite::Checkpoint],
         "linear" => &[Suite::Linear],
+        "autocast" => &[Suite::Autocast],
         "ddp" => &[Suite::Ddp],
         "data" => &[Suite::Data],
         "localsgd" => &[Suite::LocalSgd],
@@ -185,7 +194,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "torch" => &[Suite::Torch],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, linear, ddp, data, localsgd, \
+                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, \
                  presets, torch, all (all but presets and torch, which --preset and --torch \
                  select)"
             ));
@@ -202,6 +211,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Presets => PRESETS_DEFAULTS,
             Suite::Torch => TORCH_DEFAULTS,
             Suite::Linear => LINEAR_DEFAULTS,
+            Suite::Autocast => AUTOCAST_DEFAULTS,
         };
         on_backend(&given.options(defaults), suite)?;
     }
@@ -218,6 +228,7 @@ enum Suite {
     Presets,
     Torch,
     Linear,
+    Autocast,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
@@ -232,6 +243,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Presets => presets::bench::<$inner>(o),
                 Suite::Torch => torch::bench::<$inner>(o),
                 Suite::Linear => linear::bench::<$inner>(o),
+                Suite::Autocast => autocast::bench::<$inner>(o),
             }
         };
     }

@@ -50,12 +50,12 @@ struct TorchRun {
 }
 
 /// The Python interpreter to use.
-fn python() -> String {
+pub(super) fn python() -> String {
     std::env::var("AFTERBURNER_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// Checks that PyTorch imports; the error says how to install it.
-fn check_torch() -> Result<String, String> {
+pub(super) fn check_torch() -> Result<String, String> {
     let out = Command::new(python())
         .args(["-c", "import torch; print(torch.__version__)"])
         .output()

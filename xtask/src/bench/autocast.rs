@@ -1,0 +1,164 @@
+//! The autocast suite: op-level autocast next to the half view. Accuracy: bf16-mixed and
+//! 16-mixed output and gradient errors against f32 on Burn's `TransformerEncoder` and on the
+//! ViT, next to PyTorch's `torch.autocast` on the same weights when PyTorch imports
+//! (`autocast_error.rs`). Cost: step time and peak memory of 32-true, bf16-mixed per op and
+//! bf16-mixed through the view on the `--models` (default the ViT and the LM built from Burn's
+//! layers), all on `Autodiff<Autocast<I>>`. Writes `bench-results/autocast-<backend>.*`.
+
+use std::fmt::Write as _;
+
+use afterburner::{Autocast, AutocastMode, CheckpointPolicy, Precision};
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use serde::Serialize;
+
+use super::Options;
+use super::autocast_error::{Errors, Net, errors};
+use super::checkpoint::{Measured, Model, scenario_autocast};
+
+/// One (model, precision, mode) of the cost table.
+#[derive(Debug, Clone, Serialize)]
+struct Cost {
+    model: String,
+    setting: String,
+    ms_per_step: f64,
+    time_vs_f32: f64,
+    /// `None` where the backend allocates outside Rust's allocator (tch).
+    fwd_bwd_peak_mib: Option<f64>,
+    final_loss: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    errors: Vec<Errors>,
+    cost: Vec<Cost>,
+}
+
+const SETTINGS: [(&str, Precision, AutocastMode); 3] = [
+    ("32-true", Precision::Full32, AutocastMode::Auto),
+    ("bf16-mixed, op", Precision::Bf16Mixed, AutocastMode::Op),
+    ("bf16-mixed, view", Precision::Bf16Mixed, AutocastMode::View),
+];
+
+/// Runs the accuracy half, then the cost half.
+pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
+    type B<I> = Autodiff<Autocast<I>>;
+    let python = match super::torch::check_torch() {
+        Ok(_) => Some(super::torch::python()),
+        Err(why) => {
+            eprintln!("autocast suite: no PyTorch column ({why})");
+            None
+        }
+    };
+    let models: &[Model] = match o.models.as_str() {
+        "all" => &[Model::Vit, Model::BurnLm],
+        _ => Model::selected(o)?,
+    };
+    let nets = [Net::Encoder, Net::Vit];
+    let total = nets.len() * 2 + models.len() * o.rounds * SETTINGS.len();
+    let mut progress = super::progress::Progress::new("autocast", total);
+    let mut report = Report {
+        errors: Vec::new(),
+        cost: Vec::new(),
+    };
+    for net in nets {
+        for precision in ["bf16-mixed", "16-mixed"] {
+            progress.next(format!("{net:?} {precision}: errors vs f32"));
+            report
+                .errors
+                .push(errors::<B<I>>(net, precision, python.as_deref())?);
+        }
+    }
+    for &model in models {
+        let mut best: [Option<Measured>; SETTINGS.len()] = [None; SETTINGS.len()];
+        for round in 0..o.rounds {
+            for (k, (name, precision, mode)) in SETTINGS.iter().enumerate() {
+                progress.next(format!(
+                    "{model:?} round {}/{}: {name}",
+                    round + 1,
+                    o.rounds
+                ));
+                let none = CheckpointPolicy::None;
+                let m = scenario_autocast::<B<I>>(o, model, none, *precision, *mode)?;
+                best[k] = Some(Measured::best(best[k], m));
+            }
+        }
+        let f32_time = best[0].map(|m| m.time.as_secs_f64());
+        for (m, (name, ..)) in best.iter().zip(SETTINGS) {
+            if let Some(m) = m {
+                report.cost.push(Cost {
+                    model: model.describe(o),
+                    setting: name.into(),
+                    ms_per_step: m.time.as_secs_f64() * 1e3,
+                    time_vs_f32: f32_time.map_or(f64::NAN, |t| m.time.as_secs_f64() / t),
+                    fwd_bwd_peak_mib: super::heap_is_counted(o)
+                        .then(|| m.peak as f64 / (1024.0 * 1024.0)),
+                    final_loss: m.final_loss,
+                });
+            }
+        }
+    }
+    let md = markdown(o, &report);
+    super::write_report(o, "autocast", std::slice::from_ref(&report), &md)
+}
+
+fn markdown(o: &Options, report: &Report) -> String {
+    let mut md = String::from(
+        "Errors against f32 (relative L2 of the output, and of all parameter gradients as \
+         one vector), same weights and input, inner backend `",
+    );
+    let _ = write!(
+        md,
+        "{}`. PyTorch: `torch.autocast(\"cpu\")` on the same weights \
+         (xtask/torch/autocast_error.py); its f32 run is checked against ours.\n\n\
+         | model | precision | op: output | op: grads | view: output | view: grads | PyTorch: \
+         output | PyTorch: grads | PyTorch f32 vs ours |\n|---|---|---|---|---|---|---|---|---|\n",
+        o.backend
+    );
+    for e in &report.errors {
+        let torch = |f: fn(&super::autocast_error::TorchErrors) -> f64| {
+            e.pytorch
+                .as_ref()
+                .map_or("n/a".into(), |t| format!("{:.2e}", f(t)))
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {} | {} | {} |",
+            e.model,
+            e.precision,
+            e.op_output,
+            e.op_grads,
+            e.view_output,
+            e.view_grads,
+            torch(|t| t.output_error),
+            torch(|t| t.grad_error),
+            torch(|t| t.f32_vs_burn),
+        );
+    }
+    let _ = write!(
+        md,
+        "\nCost on `Autodiff<Autocast<{}>>`, AdamW, no checkpointing, {} timed steps after {} \
+         warm-up, best time of {} rounds. Memory: peak live heap during forward + backward.{}\n\n\
+         | model | precision, autocast | ms/step | time vs 32-true | fwd+bwd peak MiB | final \
+         loss |\n|---|---|---|---|---|---|\n",
+        o.backend,
+        o.steps,
+        o.warmup,
+        o.rounds,
+        super::heap_note(o)
+    );
+    for c in &report.cost {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {:.2}x | {} | {:.6} |",
+            c.model,
+            c.setting,
+            c.ms_per_step,
+            c.time_vs_f32,
+            c.fwd_bwd_peak_mib
+                .map_or("n/a".into(), |p| format!("{p:.1}")),
+            c.final_loss
+        );
+    }
+    md
+}
