@@ -249,7 +249,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if steps > 1 {
             loss = loss.div_scalar(steps as f64);
         }
-        let new = GradientsParams::from_grads(loss.backward(), model);
+        let mut new = GradientsParams::from_grads(self.raw_backward(loss), model);
+        grads::to_param_dtypes::<B, M>(model, &mut new);
         self.strategy.after_backward()?;
         // A recompute replays the blocks' random draws and so moves the backend RNG: re-seed
         // so the next micro-batch draws the same with or without checkpointing.

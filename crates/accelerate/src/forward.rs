@@ -1,16 +1,16 @@
 //! The Accelerator's forward pass under the precision policy: per-op autocast or a half
 //! view of the model, and the set-up check for state the half view must leave alone.
 
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 
-use afterburner_checkpoint::with_derived_params;
+use afterburner_checkpoint::{ReplayContext, with_derived_params, with_replay_context};
 use afterburner_parallel::{ForwardView, TrainingStrategy};
 use afterburner_precision::{
     CastFloats, autocast_ops, autocast_view_except, promotes_dtypes, shared_float_state,
 };
 use burn::module::{AutodiffModule, Module};
-use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
 
 use crate::{AccelerateError, Accelerator, AutocastMode};
 
@@ -64,11 +64,28 @@ impl<B: AutodiffBackend> Accelerator<B> {
             })
         };
         let output = if per_op {
-            autocast_ops(compute, run)
+            // Checkpointed blocks recompute (on a helper thread) under the same scope.
+            let context: ReplayContext = Arc::new(move |f| autocast_ops(compute, f));
+            autocast_ops(compute, || with_replay_context(context, run))
         } else {
             run()
         };
         Ok(output.cast_floats(DType::F32))
+    }
+
+    /// `loss.backward()` as [`backward`](Self::backward) runs it, without the loss scaling,
+    /// accumulation and gradient sync around it (to read raw gradients yourself): under the
+    /// forward's op-level autocast scope when the mixed precisions run per op, so the
+    /// backward ops of Linear and the convolutions run in half (their gradients delivered in
+    /// f32 to f32 operands) and checkpointed blocks recompute under the same policy as their
+    /// forward, as PyTorch's backward of an autocast region does.
+    pub fn raw_backward(&self, loss: Tensor<B, 1>) -> B::Gradients {
+        let precision = self.config.precision;
+        if precision.is_mixed() && self.autocasts_per_op() {
+            autocast_ops(precision.compute_dtype(), || loss.backward())
+        } else {
+            loss.backward()
+        }
     }
 
     /// Whether the mixed precisions run per op (`autocast = "op"`, or "auto" on a backend

@@ -30,6 +30,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 
 use crate::engine::{BlockFn, Job};
+use crate::scope::{self, ReplayContext};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 /// Burn's autodiff float primitive (`AutodiffTensor<I>`): a value and its graph node.
@@ -90,6 +91,7 @@ pub(crate) fn apply<B: AutodiffBackend>(job: Job<B>) -> FloatTensor<B> {
         inputs: nodes.into_iter().map(|node| node.primitive).collect(),
         tracked,
         block: Arc::new(Mutex::new(block)),
+        context: scope::replay_context(),
     };
     let prep = Recompute::<B>(PhantomData)
         .prepare::<NoCheckpointing>([anchor.node.clone()])
@@ -112,6 +114,9 @@ struct RecomputeState<B: AutodiffBackend> {
     inputs: Vec<FloatTensor<Inner<B>>>,
     tracked: Vec<(usize, NodeId)>,
     block: Arc<Mutex<BlockFn<B>>>,
+    /// The forward's replay context (`with_replay_context`): the recompute and its backward
+    /// run inside it.
+    context: Option<ReplayContext>,
 }
 
 impl<B: AutodiffBackend> Clone for RecomputeState<B> {
@@ -120,6 +125,7 @@ impl<B: AutodiffBackend> Clone for RecomputeState<B> {
             inputs: self.inputs.clone(),
             tracked: self.tracked.clone(),
             block: self.block.clone(),
+            context: self.context.clone(),
         }
     }
 }
@@ -153,7 +159,17 @@ fn recompute<B: AutodiffBackend>(
     let (sender, receiver) = mpsc::channel();
     let helper = thread::Builder::new()
         .name("afterburner-recompute".into())
-        .spawn(move || nested_backward::<B>(state, grad, sender))
+        .spawn(move || match state.context.clone() {
+            None => nested_backward::<B>(state, grad, sender),
+            Some(context) => {
+                let mut run = Some(move || nested_backward::<B>(state, grad, sender));
+                context(&mut || {
+                    if let Some(run) = run.take() {
+                        run()
+                    }
+                });
+            }
+        })
         .unwrap_or_else(|e| panic!("afterburner-checkpoint: cannot start a recompute thread: {e}"));
 
     let mut received = Received::<Inner<B>> {
@@ -221,6 +237,7 @@ fn nested_backward<B: AutodiffBackend>(
         inputs,
         tracked,
         block,
+        ..
     } = state;
     let device = <Inner<B> as burn::tensor::ops::FloatTensorOps<Inner<B>>>::float_device(&grad);
     let tiny = <Inner<B> as burn::tensor::ops::FloatTensorOps<Inner<B>>>::float_zeros(

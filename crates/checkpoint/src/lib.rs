@@ -43,7 +43,7 @@ pub use derived::{BuildFn, DerivedParams, with_derived_params};
 pub use engine::{enable, is_enabled};
 pub use error::CheckpointError;
 pub use policy::{BlockKind, CheckpointPolicy};
-pub use scope::{current_policy, seed_blocks, with_policy};
+pub use scope::{ReplayContext, current_policy, seed_blocks, with_policy, with_replay_context};
 pub use wrapper::{Checkpointed, checkpoint};
 
 /// Burn's own op-level checkpointing: `Autodiff<B, BalancedCheckpointing>` recomputes the

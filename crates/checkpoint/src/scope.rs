@@ -3,6 +3,7 @@
 //! makes randomness inside a block replay identically.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use crate::{BlockKind, CheckpointPolicy};
 
@@ -45,6 +46,36 @@ pub fn with_policy<R>(policy: CheckpointPolicy, forward: impl FnOnce() -> R) -> 
         SCOPE.with_borrow_mut(|s| (s.policy, s.next_block) = saved);
     });
     forward()
+}
+
+/// Runs a closure under per-thread state that a block's recompute must see as its forward did
+/// (an op-level autocast scope, say). Recomputes run on a helper thread, where the forward
+/// thread's thread-locals are not set.
+pub type ReplayContext = Arc<dyn Fn(&mut dyn FnMut()) + Send + Sync>;
+
+thread_local! {
+    static REPLAY: RefCell<Option<ReplayContext>> = const { RefCell::new(None) };
+}
+
+/// Runs `forward` with `context` recorded by every block checkpointed inside it: each
+/// recompute of such a block (the block's forward again and its nested backward) runs inside
+/// `context`, on the helper thread that runs it, as
+/// `torch.utils.checkpoint` restores the forward's autocast state. The `afterburner`
+/// Accelerator passes its op-level autocast scope; nested calls apply the inner context.
+pub fn with_replay_context<R>(context: ReplayContext, forward: impl FnOnce() -> R) -> R {
+    let saved = REPLAY.with_borrow_mut(|r| r.replace(context));
+    let mut saved = Some(saved);
+    let _restore = Restore(move || {
+        if let Some(saved) = saved.take() {
+            REPLAY.with_borrow_mut(|r| *r = saved);
+        }
+    });
+    forward()
+}
+
+/// The context of the innermost [`with_replay_context`] on this thread.
+pub(crate) fn replay_context() -> Option<ReplayContext> {
+    REPLAY.with_borrow(Clone::clone)
 }
 
 /// The policy in force on this thread (`none` outside [`with_policy`]).

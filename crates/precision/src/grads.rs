@@ -212,6 +212,29 @@ pub fn accumulate<B: AutodiffBackend, M: AutodiffModule<B>>(
     });
 }
 
+/// Casts each gradient whose dtype differs from its parameter's to the parameter's dtype, as
+/// PyTorch's autograd delivers a gradient in its tensor's dtype (an f32 parameter used in a
+/// half matmul under op-level autocast gets a half gradient from Burn's Autodiff). Reads
+/// dtypes only; a gradient already right is left as is.
+pub fn to_param_dtypes<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+) {
+    struct Cast<'a>(&'a mut GradientsParams);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Cast<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let dtype = param.val().dtype();
+            let Some(grad) = self.0.get::<Inner<B>, D>(param.id) else {
+                return;
+            };
+            if grad.dtype() != dtype {
+                self.0.register::<Inner<B>, D>(param.id, grad.cast(dtype));
+            }
+        }
+    }
+    model.visit(&mut Cast(grads));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,17 +53,23 @@ fn all_grads(
     c.1
 }
 
-/// (output, gradients) of `sum(out * target)` for the encoder computed by `run`.
+/// (output, gradients) of `sum(out * target)` for the encoder computed by `run`, the backward
+/// pass inside an op-level scope of `backward_scope` when given (as `Accelerator::backward`
+/// runs it).
 fn output_and_grads(
     encoder: &TransformerEncoder<B>,
     x: &Tensor<B, 3>,
     target: &Tensor<B, 3>,
+    backward_scope: Option<DType>,
     run: impl FnOnce(&TransformerEncoder<B>, Tensor<B, 3>) -> Tensor<B, 3>,
 ) -> (Vec<f32>, Vec<f32>) {
     let out = run(encoder, x.clone());
     assert_eq!(out.dtype(), DType::F32);
     let loss = (out.clone() * target.clone()).sum();
-    let grads = loss.backward();
+    let grads = match backward_scope {
+        Some(half) => autocast_ops(half, || loss.backward()),
+        None => loss.backward(),
+    };
     (
         out.into_data().to_vec::<f32>().unwrap(),
         all_grads(encoder, &grads),
@@ -80,12 +86,12 @@ fn op_level_autocast_is_closer_to_f32_than_the_half_view() {
     let x = Tensor::<B, 3>::random([8, 16, 64], Distribution::Normal(0.0, 1.0), &device);
     let target = Tensor::<B, 3>::random([8, 16, 64], Distribution::Normal(0.0, 1.0), &device);
     let forward = |m: &TransformerEncoder<B>, x| m.forward(TransformerEncoderInput::new(x));
-    let (out_ref, grad_ref) = output_and_grads(&encoder, &x, &target, forward);
+    let (out_ref, grad_ref) = output_and_grads(&encoder, &x, &target, None, forward);
     for half in [DType::BF16, DType::F16] {
-        let (out_view, grad_view) = output_and_grads(&encoder, &x, &target, |m, x| {
+        let (out_view, grad_view) = output_and_grads(&encoder, &x, &target, None, |m, x| {
             forward(&autocast_view(m, half), x.cast_floats(half)).cast_floats(DType::F32)
         });
-        let (out_op, grad_op) = output_and_grads(&encoder, &x, &target, |m, x| {
+        let (out_op, grad_op) = output_and_grads(&encoder, &x, &target, Some(half), |m, x| {
             autocast_ops(half, || forward(m, x)).cast_floats(DType::F32)
         });
         let (view_out, op_out) = (rel_l2(&out_view, &out_ref), rel_l2(&out_op, &out_ref));

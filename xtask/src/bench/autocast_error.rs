@@ -175,7 +175,7 @@ where
         .forward(&model, input, forward)
         .map_err(|e| e.to_string())?;
     let output = values(out.clone());
-    let gradients = loss(out).backward();
+    let gradients = acc.raw_backward(loss(out));
     let mut grads = GradValues {
         grads: &gradients,
         values: Vec::new(),

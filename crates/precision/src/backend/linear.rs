@@ -54,29 +54,34 @@ pub(crate) fn forward<B: Backend>(
     unflatten::<B>(B::linear(x, weight, bias), leading)
 }
 
-/// The input gradient `output_grad @ weight^T`, computed on the 2-D view of `output_grad`.
+/// The input gradient `output_grad @ weight^T`, computed on the 2-D view of `output_grad` (in
+/// half inside a scope, `scope::half_backward`).
 pub(crate) fn x_backward<B: Backend>(
     weight: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    let (weight, output_grad) = promote::pair::<B>(weight, output_grad);
-    let (output_grad, leading) = flatten::<B>(output_grad);
-    unflatten::<B>(B::linear_x_backward(weight, output_grad), leading)
+    scope::half_backward::<B, 2>([weight, output_grad], |[weight, output_grad]| {
+        let (output_grad, leading) = flatten::<B>(output_grad);
+        unflatten::<B>(B::linear_x_backward(weight, output_grad), leading)
+    })
 }
 
-/// The weight gradient `x^T @ output_grad` as one matmul over the 2-D views.
+/// The weight gradient `x^T @ output_grad` as one matmul over the 2-D views (in half inside a
+/// scope).
 pub(crate) fn weight_backward<B: Backend>(
     x: FloatTensor<B>,
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    let (x, output_grad) = promote::pair::<B>(x, output_grad);
-    let (x, _) = flatten::<B>(x);
-    let (output_grad, _) = flatten::<B>(output_grad);
-    B::linear_weight_backward(x, output_grad)
+    scope::half_backward::<B, 2>([x, output_grad], |[x, output_grad]| {
+        let (x, _) = flatten::<B>(x);
+        let (output_grad, _) = flatten::<B>(output_grad);
+        B::linear_weight_backward(x, output_grad)
+    })
 }
 
-/// The bias gradient: `output_grad` summed over every row of its 2-D view.
+/// The bias gradient: `output_grad` summed over every row of its 2-D view (in f32 inside a
+/// scope, as sums are).
 pub(crate) fn bias_backward<B: Backend>(output_grad: FloatTensor<B>) -> FloatTensor<B> {
-    let (output_grad, _) = flatten::<B>(output_grad);
+    let (output_grad, _) = flatten::<B>(scope::to_f32::<B>(output_grad));
     B::linear_bias_backward(output_grad)
 }

@@ -21,7 +21,9 @@ use burn::tensor::ops::UnfoldOptions;
 use super::{Autocast, forward, linear, promote, promoted, scope};
 
 /// A convolution's forward and backward ops, on operands promoted to one float dtype
-/// (`promote.rs`): an f32 activation meets half weights in f32.
+/// (`promote.rs`): an f32 activation meets half weights in f32. Inside an op-level scope the
+/// forward and the input and weight gradients run in half (`scope::half_backward`) and the
+/// bias gradient, a sum, in f32.
 macro_rules! promoted_conv {
     ($conv:ident, $x_backward:ident, $weight_backward:ident, $bias_backward:ident, $options:ty) => {
         fn $conv(
@@ -42,8 +44,9 @@ macro_rules! promoted_conv {
             output_grad: FloatTensor<Self>,
             options: $options,
         ) -> FloatTensor<Self> {
-            let (x, weight, output_grad) = promote::three::<B>(x, weight, output_grad);
-            B::$x_backward(x, weight, output_grad, options)
+            scope::half_backward::<B, 3>([x, weight, output_grad], |[x, weight, output_grad]| {
+                B::$x_backward(x, weight, output_grad, options)
+            })
         }
 
         fn $weight_backward(
@@ -52,8 +55,9 @@ macro_rules! promoted_conv {
             output_grad: FloatTensor<Self>,
             options: $options,
         ) -> FloatTensor<Self> {
-            let (x, weight, output_grad) = promote::three::<B>(x, weight, output_grad);
-            B::$weight_backward(x, weight, output_grad, options)
+            scope::half_backward::<B, 3>([x, weight, output_grad], |[x, weight, output_grad]| {
+                B::$weight_backward(x, weight, output_grad, options)
+            })
         }
 
         fn $bias_backward(
@@ -61,6 +65,7 @@ macro_rules! promoted_conv {
             bias: FloatTensor<Self>,
             output_grad: FloatTensor<Self>,
         ) -> FloatTensor<Self> {
+            let output_grad = scope::to_f32::<B>(output_grad);
             let (x, bias, output_grad) = promote::three::<B>(x, bias, output_grad);
             B::$bias_backward(x, bias, output_grad)
         }
@@ -68,9 +73,19 @@ macro_rules! promoted_conv {
 }
 
 impl<B: Backend> ModuleOps<Self> for Autocast<B> {
+    /// The gradient comes back in the weights' dtype (a half gradient from a half matmul
+    /// meets f32 embedding weights).
+    fn embedding_backward(
+        weights: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let output_grad = promote::like::<B>(&weights, output_grad);
+        B::embedding_backward(weights, output_grad, indices)
+    }
+
     forward! { B;
         fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self>;
-        fn embedding_backward(weights: FloatTensor<Self>, output_grad: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self>;
         fn deform_conv2d(x: FloatTensor<Self>, offset: FloatTensor<Self>, weight: FloatTensor<Self>, mask: Option<FloatTensor<Self>>, bias: Option<FloatTensor<Self>>, options: DeformConvOptions<2>) -> FloatTensor<Self>;
         fn conv_transpose1d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;
         fn conv_transpose1d_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;

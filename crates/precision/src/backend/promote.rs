@@ -85,15 +85,22 @@ pub(super) fn three<B: Backend>(
     (a, b, c.expect("three tensors in, three out"))
 }
 
+/// The widest dtype among `tensors` (the one they all meet at); `None` for no tensors.
+pub(super) fn widest<B: Backend>(tensors: &[FloatTensor<B>]) -> Option<DType> {
+    let first = tensors.first().map(TensorMetadata::dtype)?;
+    Some(
+        tensors
+            .iter()
+            .map(TensorMetadata::dtype)
+            .fold(first, |acc, d| common(acc, d).unwrap_or(acc)),
+    )
+}
+
 /// Every tensor in the widest dtype among them.
 pub(super) fn all<B: Backend>(tensors: Vec<FloatTensor<B>>) -> Vec<FloatTensor<B>> {
-    let Some(first) = tensors.first().map(TensorMetadata::dtype) else {
+    let Some(widest) = widest::<B>(&tensors) else {
         return tensors;
     };
-    let widest = tensors
-        .iter()
-        .map(TensorMetadata::dtype)
-        .fold(first, |acc, d| common(acc, d).unwrap_or(acc));
     tensors.into_iter().map(|t| cast::<B>(t, widest)).collect()
 }
 

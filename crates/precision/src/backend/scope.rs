@@ -6,9 +6,12 @@
 //!
 //! The scope is per thread (each in-process rank has its own) and nests; outside it
 //! `Autocast<B>` computes as `B` does. Autodiff records the ops as called (an f32 matmul
-//! whose result happens to be half), so gradients reach the f32 parameters in f32. The
-//! backward pass runs where `backward()` is called, usually outside the scope: its matmuls
-//! then meet a half gradient and f32 saved inputs and run in f32.
+//! whose result happens to be half), so gradients reach the f32 parameters. The backward pass
+//! runs under the scope that is current where `backward()` is called: `Accelerator::backward`
+//! opens the forward's, so the backward ops of Linear and the convolutions run in half and
+//! deliver their gradients in their operands' widest dtype ([`half_backward`]), and
+//! checkpointed blocks recompute under the same policy as their forward. Outside a scope the
+//! backward runs as the ops come (a half gradient meeting an f32 saved input in f32).
 
 use core::cell::Cell;
 
@@ -66,6 +69,25 @@ pub(super) fn to_f32<B: Backend>(tensor: FloatTensor<B>) -> FloatTensor<B> {
         }
         _ => tensor,
     }
+}
+
+/// A backward op of an op that autocast runs in half (Linear, the convolutions): inside a
+/// scope, its operands in half and its result back in the widest dtype they came in, so an f32
+/// parameter's gradient is computed in half and delivered in f32, as PyTorch's autograd casts
+/// a gradient to its tensor's dtype (a half product that overflows is inf in f32 too, which
+/// is what the 16-mixed loss scaler must see). Outside a scope the operands are promoted to
+/// one dtype and the result is the op's.
+pub(super) fn half_backward<B: Backend, const N: usize>(
+    operands: [FloatTensor<B>; N],
+    op: impl FnOnce([FloatTensor<B>; N]) -> FloatTensor<B>,
+) -> FloatTensor<B> {
+    let Some(widest) = promote::widest::<B>(&operands) else {
+        return op(operands);
+    };
+    if autocast_dtype().is_some() {
+        return promote::cast::<B>(op(operands.map(to_half::<B>)), widest);
+    }
+    op(operands.map(|t| promote::cast::<B>(t, widest)))
 }
 
 #[cfg(test)]
