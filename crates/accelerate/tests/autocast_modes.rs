@@ -1,6 +1,8 @@
 //! `autocast = "op" | "view" | "auto"` through the Accelerator on `Autodiff<Autocast<Flex>>`:
 //! op-level autocast is closer to f32 than the half view on Burn's `TransformerEncoder`, "auto"
-//! picks it on this backend, and "op" on a backend without `Autocast` is a named error.
+//! picks it on this backend, and "op" on a backend without `Autocast` is a named error. Per op,
+//! the backward runs under the forward's scope, checkpointed blocks recompute under it (same
+//! gradients with checkpointing on and off), and FSDP with checkpointing trains as DDP.
 
 mod common;
 
@@ -158,4 +160,79 @@ fn checkpointed_blocks_recompute_under_the_forwards_autocast_policy() {
         "bf16-mixed per op: gradients with the backward outside the scope differ by {err:.2e}"
     );
     assert!(err > 1e-4, "{err}");
+}
+
+/// The full parameters after one epoch of 96 digits of the tiny ViT under bf16-mixed per op,
+/// on `world` in-process ranks with `strategy`, checkpointing every block when `checkpoint`.
+fn train_per_op(strategy: afterburner::Strategy, checkpoint: bool, world: usize) -> Vec<f32> {
+    let device = Default::default();
+    B::seed(&device, 8);
+    let initial = common::tiny_vit().init::<B>(&device);
+    afterburner::precision::materialize_params(&initial);
+    let config = AcceleratorConfig {
+        precision: "bf16-mixed".parse().unwrap(),
+        autocast: AutocastMode::Op,
+        strategy,
+        gradient_checkpointing: match checkpoint {
+            true => afterburner::CheckpointPolicy::All,
+            false => afterburner::CheckpointPolicy::None,
+        },
+        gradient_accumulation_steps: 2,
+        fsdp: afterburner::FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ranks = Accelerator::<B>::launch(config, vec![device; world], move |mut acc| {
+        let (mut model, mut optim) =
+            acc.setup(initial.clone(), burn::optim::AdamWConfig::new().init())?;
+        let items = afterburner::demos::digits::load()?.take(96);
+        let loader = acc.dataloader(items, common::BATCHER, 8)?;
+        let loss = CrossEntropyLossConfig::new().init(&device);
+        for batch in loader.epoch(0) {
+            let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+            acc.backward(loss.forward(logits, batch.labels.clone()), &model)?;
+            model = acc.step(model, &mut optim, &mut 1e-3)?;
+        }
+        let full = acc.full_model(&model)?;
+        let values = values_of(&full);
+        assert!(
+            values.1.iter().all(|d| *d == DType::F32),
+            "f32 master parameters"
+        );
+        Ok(values.0)
+    })
+    .unwrap();
+    ranks.into_iter().next().unwrap()
+}
+
+#[test]
+fn fsdp_with_checkpointing_equals_ddp_under_per_op_autocast() {
+    use afterburner::Strategy::{Ddp, Fsdp};
+    let _rng = common::rng_lock();
+    let ddp = train_per_op(Ddp, false, 2);
+    let fsdp = train_per_op(Fsdp, true, 2);
+    let err = common::max_rel(&fsdp, &ddp, 1e-3);
+    println!("bf16-mixed per op: fsdp x2 + checkpointing vs ddp x2, max relative {err:e}");
+    assert!(err <= 1e-5, "{err}");
+    B::seed(&Default::default(), 8);
+    let start = values_of(&common::tiny_vit().init::<B>(&Default::default())).0;
+    assert_ne!(ddp, start, "training moved the parameters");
+}
+
+/// Every float parameter's values (in f32) and dtype, in visit order.
+fn values_of<M: Module<B>>(model: &M) -> (Vec<f32>, Vec<DType>) {
+    struct Values(Vec<f32>, Vec<DType>);
+    impl ModuleVisitor<B> for Values {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let value = param.val();
+            self.1.push(value.dtype());
+            self.0
+                .extend(value.cast(DType::F32).into_data().to_vec::<f32>().unwrap());
+        }
+    }
+    let mut values = Values(Vec::new(), Vec::new());
+    model.visit(&mut values);
+    (values.0, values.1)
 }

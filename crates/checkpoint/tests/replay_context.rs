@@ -41,8 +41,7 @@ fn runs(context: Option<ReplayContext>) -> Vec<bool> {
     });
     let grads = y.sum().backward();
     assert!(x.grad(&grads).is_some());
-    let seen = seen.lock().unwrap().clone();
-    seen
+    seen.lock().unwrap().clone()
 }
 
 #[test]
