@@ -1,6 +1,6 @@
 //! The backend suite (xtask/src/suite) as tests: on flex and `Autocast<Flex>` always, on wgpu
-//! when built with `--features wgpu` (Mesa's software Vulkan driver, lavapipe, in CI: see
-//! docs/gpu.md), and on LibTorch with `--features tch`.
+//! and `Autocast<Wgpu>` when built with `--features wgpu` (Mesa's software Vulkan driver,
+//! lavapipe, in CI: see docs/gpu.md), and on LibTorch with `--features tch`.
 //!
 //! Each backend's checks run one at a time (flex keeps one process-wide RNG that the
 //! Accelerator seeds; the GPU backends share one device).
@@ -53,6 +53,9 @@ suite!(wgpu, burn::backend::Wgpu);
 // Every capability through the decorator the examples use (`Autodiff<Autocast<Flex>>`).
 #[cfg(feature = "flex")]
 suite!(autocast_flex, afterburner::Autocast<burn::backend::Flex>);
+// Op-level autocast (the default there) on a GPU backend.
+#[cfg(feature = "wgpu")]
+suite!(autocast_wgpu, afterburner::Autocast<burn::backend::Wgpu>);
 // LibTorch: `--features tch` with libtorch 2.9.0 installed (docs/performance.md).
 #[cfg(feature = "tch")]
 suite!(tch, burn::backend::LibTorch);
