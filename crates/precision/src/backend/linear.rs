@@ -14,7 +14,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::{promote, scope};
+use super::scope;
 
 /// `[d0, ..., dk, last]` as `[d0 * ... * dk, last]`, with the leading dims to restore later;
 /// `None` for a tensor that is already 2-D or less.
@@ -47,9 +47,7 @@ pub(crate) fn forward<B: Backend>(
     weight: FloatTensor<B>,
     bias: Option<FloatTensor<B>>,
 ) -> FloatTensor<B> {
-    let (x, weight) = (scope::to_half::<B>(x), scope::to_half::<B>(weight));
-    let bias = bias.map(scope::to_half::<B>);
-    let (x, weight, bias) = promote::with_bias::<B>(x, weight, bias);
+    let (x, weight, bias) = scope::half_operands::<B>(x, weight, bias);
     let (x, leading) = flatten::<B>(x);
     unflatten::<B>(B::linear(x, weight, bias), leading)
 }

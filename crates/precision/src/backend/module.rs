@@ -32,9 +32,7 @@ macro_rules! promoted_conv {
             bias: Option<FloatTensor<Self>>,
             options: $options,
         ) -> FloatTensor<Self> {
-            let (x, weight) = (scope::to_half::<B>(x), scope::to_half::<B>(weight));
-            let bias = bias.map(scope::to_half::<B>);
-            let (x, weight, bias) = promote::with_bias::<B>(x, weight, bias);
+            let (x, weight, bias) = scope::half_operands::<B>(x, weight, bias);
             B::$conv(x, weight, bias, options)
         }
 
@@ -46,6 +44,52 @@ macro_rules! promoted_conv {
         ) -> FloatTensor<Self> {
             scope::half_backward::<B, 3>([x, weight, output_grad], |[x, weight, output_grad]| {
                 B::$x_backward(x, weight, output_grad, options)
+            })
+        }
+
+        fn $weight_backward(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+            options: $options,
+        ) -> FloatTensor<Self> {
+            scope::half_backward::<B, 3>([x, weight, output_grad], |[x, weight, output_grad]| {
+                B::$weight_backward(x, weight, output_grad, options)
+            })
+        }
+
+        fn $bias_backward(
+            x: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self> {
+            let output_grad = scope::to_f32::<B>(output_grad);
+            let (x, bias, output_grad) = promote::three::<B>(x, bias, output_grad);
+            B::$bias_backward(x, bias, output_grad)
+        }
+    };
+}
+
+/// A transposed convolution's ops, as [`promoted_conv!`]'s (its input gradient takes no `x`).
+macro_rules! promoted_conv_transpose {
+    ($conv:ident, $x_backward:ident, $weight_backward:ident, $bias_backward:ident, $options:ty) => {
+        fn $conv(
+            x: FloatTensor<Self>,
+            weight: FloatTensor<Self>,
+            bias: Option<FloatTensor<Self>>,
+            options: $options,
+        ) -> FloatTensor<Self> {
+            let (x, weight, bias) = scope::half_operands::<B>(x, weight, bias);
+            B::$conv(x, weight, bias, options)
+        }
+
+        fn $x_backward(
+            weight: FloatTensor<Self>,
+            output_grad: FloatTensor<Self>,
+            options: $options,
+        ) -> FloatTensor<Self> {
+            scope::half_backward::<B, 2>([weight, output_grad], |[weight, output_grad]| {
+                B::$x_backward(weight, output_grad, options)
             })
         }
 
@@ -86,19 +130,6 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
 
     forward! { B;
         fn embedding(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self>;
-        fn deform_conv2d(x: FloatTensor<Self>, offset: FloatTensor<Self>, weight: FloatTensor<Self>, mask: Option<FloatTensor<Self>>, bias: Option<FloatTensor<Self>>, options: DeformConvOptions<2>) -> FloatTensor<Self>;
-        fn conv_transpose1d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;
-        fn conv_transpose1d_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;
-        fn conv_transpose1d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<1>) -> FloatTensor<Self>;
-        fn conv_transpose1d_bias_backward(x: FloatTensor<Self>, bias: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn conv_transpose2d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvTransposeOptions<2>) -> FloatTensor<Self>;
-        fn conv_transpose2d_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<2>) -> FloatTensor<Self>;
-        fn conv_transpose2d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<2>) -> FloatTensor<Self>;
-        fn conv_transpose2d_bias_backward(x: FloatTensor<Self>, bias: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self>;
-        fn conv_transpose3d(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: Option<FloatTensor<Self>>, options: ConvTransposeOptions<3>) -> FloatTensor<Self>;
-        fn conv_transpose3d_x_backward(weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<3>) -> FloatTensor<Self>;
-        fn conv_transpose3d_weight_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, output_grad: FloatTensor<Self>, options: ConvTransposeOptions<3>) -> FloatTensor<Self>;
-        fn conv_transpose3d_bias_backward(x: FloatTensor<Self>, bias: FloatTensor<Self>, output_grad: FloatTensor<Self>) -> FloatTensor<Self>;
         fn unfold4d(x: FloatTensor<Self>, kernel_size: [usize; 2], options: UnfoldOptions) -> FloatTensor<Self>;
         fn avg_pool1d(x: FloatTensor<Self>, kernel_size: usize, stride: usize, padding: usize, count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
         fn avg_pool2d(x: FloatTensor<Self>, kernel_size: [usize; 2], stride: [usize; 2], padding: [usize; 2], count_include_pad: bool, ceil_mode: bool) -> FloatTensor<Self>;
@@ -107,12 +138,67 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         fn max_pool1d(x: FloatTensor<Self>, kernel_size: usize, stride: usize, padding: usize, dilation: usize, ceil_mode: bool) -> FloatTensor<Self>;
         fn max_pool2d(x: FloatTensor<Self>, kernel_size: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2], ceil_mode: bool) -> FloatTensor<Self>;
         fn interpolate(x: FloatTensor<Self>, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self>;
-        fn attention(query: FloatTensor<Self>, key: FloatTensor<Self>, value: FloatTensor<Self>, mask: Option<BoolTensor<Self>>, attn_bias: Option<FloatTensor<Self>>, options: AttentionModuleOptions) -> FloatTensor<Self>;
         fn ctc_loss(log_probs: FloatTensor<Self>, targets: IntTensor<Self>, input_lengths: IntTensor<Self>, target_lengths: IntTensor<Self>, blank: usize) -> FloatTensor<Self>;
         fn has_ctc_loss_backward() -> bool;
         fn ctc_loss_backward(log_probs: FloatTensor<Self>, targets: IntTensor<Self>, input_lengths: IntTensor<Self>, target_lengths: IntTensor<Self>, grad_loss: FloatTensor<Self>, blank: usize) -> FloatTensor<Self>;
         fn rfft(signal: FloatTensor<Self>, dim: usize, n: Option<usize>) -> (FloatTensor<Self>, FloatTensor<Self>);
         fn irfft(spectrum_re: FloatTensor<Self>, spectrum_im: FloatTensor<Self>, dim: usize, n: Option<usize>) -> FloatTensor<Self>;
+    }
+
+    promoted_conv_transpose!(
+        conv_transpose1d,
+        conv_transpose1d_x_backward,
+        conv_transpose1d_weight_backward,
+        conv_transpose1d_bias_backward,
+        ConvTransposeOptions<1>
+    );
+    promoted_conv_transpose!(
+        conv_transpose2d,
+        conv_transpose2d_x_backward,
+        conv_transpose2d_weight_backward,
+        conv_transpose2d_bias_backward,
+        ConvTransposeOptions<2>
+    );
+    promoted_conv_transpose!(
+        conv_transpose3d,
+        conv_transpose3d_x_backward,
+        conv_transpose3d_weight_backward,
+        conv_transpose3d_bias_backward,
+        ConvTransposeOptions<3>
+    );
+
+    /// Fused attention (what a backend without Autodiff runs; Autodiff decomposes it into
+    /// matmuls and a softmax, which the policy covers): query, key and value in half inside a
+    /// scope, as PyTorch's `scaled_dot_product_attention`; the bias in their dtype.
+    fn attention(
+        query: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        value: FloatTensor<Self>,
+        mask: Option<BoolTensor<Self>>,
+        attn_bias: Option<FloatTensor<Self>>,
+        options: AttentionModuleOptions,
+    ) -> FloatTensor<Self> {
+        let qkv = [query, key, value].map(scope::to_half::<B>).to_vec();
+        let [query, key, value]: [FloatTensor<B>; 3] = match promote::all::<B>(qkv).try_into() {
+            Ok(qkv) => qkv,
+            Err(_) => unreachable!("three tensors in, three out"),
+        };
+        let attn_bias = attn_bias.map(|bias| promote::like::<B>(&query, bias));
+        B::attention(query, key, value, mask, attn_bias, options)
+    }
+
+    /// Deformable convolution in f32 inside a scope (torchvision's autocast runs it in f32);
+    /// its operands promoted to one dtype.
+    fn deform_conv2d(
+        x: FloatTensor<Self>,
+        offset: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        mask: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        options: DeformConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        let (x, offset, weight, mask, bias) = deform_operands::<B>(x, offset, weight, mask, bias);
+        B::deform_conv2d(x, offset, weight, mask, bias, options)
     }
 
     fn linear(
@@ -192,6 +278,8 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         output_grad: FloatTensor<Self>,
         options: DeformConvOptions<2>,
     ) -> DeformConv2dBackward<Self> {
+        let (x, offset, weight, mask, bias) = deform_operands::<B>(x, offset, weight, mask, bias);
+        let output_grad = promote::like::<B>(&x, output_grad);
         let grads = B::deform_conv2d_backward(x, offset, weight, mask, bias, output_grad, options);
         DeformConv2dBackward {
             x_grad: grads.x_grad,
@@ -285,4 +373,34 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
             x_grad: grads.x_grad,
         }
     }
+}
+
+/// A deformable convolution's float operands: in f32 inside a scope, then in one dtype.
+type DeformOperands<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    Option<FloatTensor<B>>,
+    Option<FloatTensor<B>>,
+);
+
+fn deform_operands<B: Backend>(
+    x: FloatTensor<B>,
+    offset: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    mask: Option<FloatTensor<B>>,
+    bias: Option<FloatTensor<B>>,
+) -> DeformOperands<B> {
+    let (has_mask, has_bias) = (mask.is_some(), bias.is_some());
+    let operands = [Some(x), Some(offset), Some(weight), mask, bias]
+        .into_iter()
+        .flatten()
+        .map(scope::to_f32::<B>)
+        .collect();
+    let mut all = promote::all::<B>(operands).into_iter();
+    let mut next = || all.next().expect("as many tensors out as in");
+    let (x, offset, weight) = (next(), next(), next());
+    let mask = has_mask.then(&mut next);
+    let bias = has_bias.then(&mut next);
+    (x, offset, weight, mask, bias)
 }

@@ -1,5 +1,6 @@
 //! Op-level autocast, as `torch.autocast` does it: inside [`autocast_ops`], `Autocast<B>` runs
-//! matmul, Linear and the convolutions in the half dtype and the precision-sensitive ops
+//! matmul, Linear, fused attention and the (transposed) convolutions in the half dtype, the
+//! deformable convolution in f32, and the precision-sensitive ops
 //! (exp, log, sums, means, products, cumulative sums, powers, reciprocals, softmax, layer
 //! norm) in f32; everything else runs in its inputs' dtype, mixed dtypes promoting to the
 //! wider one (`promote.rs`). Parameters stay f32; the casts happen per op.
@@ -9,7 +10,7 @@
 //! whose result happens to be half), so gradients reach the f32 parameters. The backward pass
 //! runs under the scope that is current where `backward()` is called: `Accelerator::backward`
 //! opens the forward's, so the backward ops of Linear and the convolutions run in half and
-//! deliver their gradients in their operands' widest dtype ([`half_backward`]), and
+//! deliver their gradients in their operands' widest dtype (`half_backward`), and
 //! checkpointed blocks recompute under the same policy as their forward. Outside a scope the
 //! backward runs as the ops come (a half gradient meeting an f32 saved input in f32).
 
@@ -69,6 +70,18 @@ pub(super) fn to_f32<B: Backend>(tensor: FloatTensor<B>) -> FloatTensor<B> {
         }
         _ => tensor,
     }
+}
+
+/// The operands of an op that autocast runs in half (Linear, the convolutions): in half inside a
+/// scope, then promoted to one dtype (an f32 activation meeting half weights outside a scope
+/// runs in f32).
+pub(super) fn half_operands<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+) -> (FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>) {
+    let (x, weight) = (to_half::<B>(x), to_half::<B>(weight));
+    promote::with_bias::<B>(x, weight, bias.map(to_half::<B>))
 }
 
 /// A backward op of an op that autocast runs in half (Linear, the convolutions): inside a
