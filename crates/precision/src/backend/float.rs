@@ -111,7 +111,6 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         fn float_sort(tensor: FloatTensor<Self>, dim: usize, descending: bool) -> FloatTensor<Self>;
         fn float_sort_with_indices(tensor: FloatTensor<Self>, dim: usize, descending: bool, indices_dtype: IntDType) -> (FloatTensor<Self>, IntTensor<Self>);
         fn float_argsort(tensor: FloatTensor<Self>, dim: usize, descending: bool, out_dtype: IntDType) -> IntTensor<Self>;
-        fn float_grid_sample_2d(tensor: FloatTensor<Self>, grid: FloatTensor<Self>, options: GridSampleOptions) -> FloatTensor<Self>;
         fn float_unfold(tensor: FloatTensor<Self>, dim: usize, size: usize, step: usize) -> FloatTensor<Self>;
         fn float_is_nan(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
         fn float_is_inf(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self>;
@@ -205,6 +204,18 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         let (lhs, rhs) = (scope::to_half::<B>(lhs), scope::to_half::<B>(rhs));
         let (lhs, rhs) = promote::pair::<B>(lhs, rhs);
         B::float_matmul(lhs, rhs)
+    }
+
+    /// In f32 inside a scope (PyTorch's autocast runs grid sampling in f32); the grid meets the
+    /// tensor's dtype outside it.
+    fn float_grid_sample_2d(
+        tensor: FloatTensor<Self>,
+        grid: FloatTensor<Self>,
+        options: GridSampleOptions,
+    ) -> FloatTensor<Self> {
+        let (tensor, grid) = (scope::to_f32::<B>(tensor), scope::to_f32::<B>(grid));
+        let (tensor, grid) = promote::pair::<B>(tensor, grid);
+        B::float_grid_sample_2d(tensor, grid, options)
     }
 
     fn float_powf(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {

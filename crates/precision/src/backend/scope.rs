@@ -1,6 +1,6 @@
 //! Op-level autocast, as `torch.autocast` does it: inside [`autocast_ops`], `Autocast<B>` runs
 //! matmul, Linear, fused attention and the (transposed) convolutions in the half dtype, the
-//! deformable convolution in f32, and the precision-sensitive ops
+//! deformable convolution and grid sampling in f32, and the precision-sensitive ops
 //! (exp, log, sums, means, products, cumulative sums, powers, reciprocals, softmax, layer
 //! norm) in f32; everything else runs in its inputs' dtype, mixed dtypes promoting to the
 //! wider one (`promote.rs`). Parameters stay f32; the casts happen per op.
