@@ -59,6 +59,8 @@ suite!(autocast_wgpu, afterburner::Autocast<burn::backend::Wgpu>);
 // LibTorch: `--features tch` with libtorch 2.9.0 installed (docs/performance.md).
 #[cfg(feature = "tch")]
 suite!(tch, burn::backend::LibTorch);
+#[cfg(feature = "tch")]
+suite!(autocast_tch, afterburner::Autocast<burn::backend::LibTorch>);
 
 /// Every check of the suite has a test here, in the suite's order.
 #[test]

@@ -20,7 +20,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// half view of the model (`"view"`: the input's float tensors cast to the compute dtype),
     /// and the output's float tensors come back in f32 so the loss is computed in f32. The model's
     /// `Checkpointed` blocks follow the config's `gradient_checkpointing` policy (their
-    /// recompute runs in the same half view, so in the same dtypes). Under FSDP the forward
+    /// recompute runs in the same half view or under the same per-op scope, so in the same
+    /// dtypes). Under FSDP the forward
     /// pass runs on a view whose units are gathered from every rank when first read; a model
     /// that is not the one `setup`/`step` returned is an error here, before anything runs.
     pub fn forward<M, I, O, F>(&self, model: &M, input: I, forward: F) -> Result<O, AccelerateError>
