@@ -1,17 +1,17 @@
-// afterburner-precision alone, in a plain Burn loop (no facade): the forward pass runs on a
-// half view of an f32 model (bf16-mixed, or 16-mixed with a GradScaler), the loss and the
+// afterburner-precision alone, in a plain Burn loop (no facade): the forward pass runs per op
+// (`autocast_ops` on `Autodiff<Autocast<Flex>>`, as torch.autocast) or on a half view of an
+// f32 model (any backend), in bf16-mixed or 16-mixed with a GradScaler; the loss and the
 // optimizer stay in f32. `cargo run -p afterburner-precision --example mixed_precision_loop`.
 use afterburner_precision::{
-    CastFloats, GradScaler, GradScalerConfig, Precision, PrecisionError, autocast_view, grads,
+    Autocast, CastFloats, GradScaler, GradScalerConfig, Precision, PrecisionError, autocast_ops,
+    autocast_view, grads,
 };
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, ElementConversion, Tensor};
-
-type B = Autodiff<Flex>;
 
 #[derive(Module, Debug)]
 struct Mlp<B: Backend> {
@@ -26,8 +26,14 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-/// Trains a small regression for `steps` steps under `precision`; returns (first, last) loss.
-fn train(precision: &str, steps: usize) -> Result<(f32, f32), PrecisionError> {
+/// Trains a small regression for `steps` steps under `precision`, the mixed modes per op
+/// (`per_op`, on a backend with `Autocast`) or through the half view; returns (first, last)
+/// loss.
+fn train<B: AutodiffBackend>(
+    precision: &str,
+    steps: usize,
+    per_op: bool,
+) -> Result<(f32, f32), PrecisionError> {
     let device = Default::default();
     let precision: Precision = precision.parse()?;
     precision.check_backend::<B>(&device)?;
@@ -46,11 +52,14 @@ fn train(precision: &str, steps: usize) -> Result<(f32, f32), PrecisionError> {
     let y = x.clone().sum_dim(1);
     let (mut first, mut last) = (f32::NAN, f32::NAN);
     for step in 0..steps {
-        // (1) The forward pass on a half view (same parameters, differentiable cast).
+        // (1) The forward pass per op (matmuls in half, reductions in f32, f32 parameters) or
+        // on a half view (same parameters, differentiable cast).
         let compute = precision.compute_dtype();
-        let out = match precision.is_mixed() {
-            true => autocast_view(&model, compute).forward(x.clone().cast_floats(compute)),
-            false => model.forward(x.clone()),
+        let per_op = per_op && precision.is_mixed();
+        let out = match (precision.is_mixed(), per_op) {
+            (true, true) => autocast_ops(compute, || model.forward(x.clone())),
+            (true, false) => autocast_view(&model, compute).forward(x.clone().cast_floats(compute)),
+            (false, _) => model.forward(x.clone()),
         };
         // (2) The loss in f32.
         let loss = (out.cast_floats(DType::F32) - y.clone())
@@ -65,7 +74,14 @@ fn train(precision: &str, steps: usize) -> Result<(f32, f32), PrecisionError> {
             Some(scaler) => scaler.scale_loss(loss),
             None => loss,
         };
-        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        // Per op, the backward runs under the same scope (Linear's backward in half), and each
+        // gradient comes back in its parameter's dtype.
+        let raw = match per_op {
+            true => autocast_ops(compute, || loss.backward()),
+            false => loss.backward(),
+        };
+        let mut grads = GradientsParams::from_grads(raw, &model);
+        grads::to_param_dtypes::<B, _>(&model, &mut grads);
         if let Some(scaler) = &mut scaler {
             let overflow = !scaler.unscale::<B, _>(&model, &mut grads, 1.0).is_finite();
             scaler.update(overflow);
@@ -81,9 +97,19 @@ fn train(precision: &str, steps: usize) -> Result<(f32, f32), PrecisionError> {
 }
 
 fn main() -> Result<(), PrecisionError> {
-    for precision in ["32-true", "bf16-mixed", "16-mixed"] {
-        let (first, last) = train(precision, 60)?;
-        println!("{precision}: loss {first:.4} -> {last:.4}");
+    for (precision, per_op) in [
+        ("32-true", false),
+        ("bf16-mixed", false),
+        ("16-mixed", false),
+        ("bf16-mixed", true),
+        ("16-mixed", true),
+    ] {
+        let (first, last) = match per_op {
+            true => train::<Autodiff<Autocast<Flex>>>(precision, 60, true)?,
+            false => train::<Autodiff<Flex>>(precision, 60, false)?,
+        };
+        let how = if per_op { " per op" } else { "" };
+        println!("{precision}{how}: loss {first:.4} -> {last:.4}");
         assert!(
             last < first / 4.0,
             "{precision} should learn: {first} -> {last}"

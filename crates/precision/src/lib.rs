@@ -2,8 +2,11 @@
 //!
 //! - [`Precision`]: the precision policy, parsed from Lightning's strings (`"bf16-mixed"`, ...)
 //!   or HF's `bf16` / `fp16` flags.
+//! - [`Autocast`] and [`autocast_ops`]: op-level autocast, as `torch.autocast` (a backend
+//!   decorator used as `Autodiff<Autocast<B>>`; inside the scope matmuls run in half and
+//!   reductions in f32, mixed dtypes promote).
 //! - [`autocast`]: the half-precision *view* of an f32 model used for one forward pass under the
-//!   mixed modes, and [`CastFloats`] to move inputs and outputs between dtypes.
+//!   mixed modes on any backend, and [`CastFloats`] to move inputs and outputs between dtypes.
 //! - [`GradScaler`]: dynamic loss scaling for `16-mixed` (PyTorch's defaults).
 //! - [`grads`]: whole-model gradient operations Burn 0.21 lacks: scaling, the global norm,
 //!   global-norm clipping, the inf/NaN check.
@@ -20,8 +23,8 @@
 //!
 //! ## Alone, in a plain Burn loop
 //!
-//! bf16-mixed and 16-mixed with a `GradScaler` in an ordinary Burn loop, without the
-//! `afterburner` facade (`examples/mixed_precision_loop.rs`, run as this doctest; `cargo run -p
+//! bf16-mixed and 16-mixed with a `GradScaler` in an ordinary Burn loop, per op and through the
+//! view, without the `afterburner` facade (`examples/mixed_precision_loop.rs`, run as this doctest; `cargo run -p
 //! afterburner-precision --example mixed_precision_loop`):
 //!
 //! ```
