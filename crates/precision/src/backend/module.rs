@@ -20,12 +20,15 @@ use burn::tensor::ops::UnfoldOptions;
 
 use super::{Autocast, forward, linear, promote, promoted, scope};
 
-/// A convolution's forward and backward ops, on operands promoted to one float dtype
-/// (`promote.rs`): an f32 activation meets half weights in f32. Inside an op-level scope the
-/// forward and the input and weight gradients run in half (`scope::half_backward`) and the
-/// bias gradient, a sum, in f32.
+/// A convolution's (or transposed convolution's) forward and backward ops, on operands
+/// promoted to one float dtype (`promote.rs`): an f32 activation meets half weights in f32.
+/// Inside an op-level scope the forward and the input and weight gradients run in half
+/// (`scope::half_backward`) and the bias gradient, a sum, in f32. `$x_args` are the input
+/// gradient's tensor arguments (`x, weight, output_grad`; a transposed convolution's take no
+/// `x`).
 macro_rules! promoted_conv {
-    ($conv:ident, $x_backward:ident, $weight_backward:ident, $bias_backward:ident, $options:ty) => {
+    ($conv:ident, $x_backward:ident($($x_args:ident),+), $weight_backward:ident,
+     $bias_backward:ident, $options:ty) => {
         fn $conv(
             x: FloatTensor<Self>,
             weight: FloatTensor<Self>,
@@ -36,60 +39,9 @@ macro_rules! promoted_conv {
             B::$conv(x, weight, bias, options)
         }
 
-        fn $x_backward(
-            x: FloatTensor<Self>,
-            weight: FloatTensor<Self>,
-            output_grad: FloatTensor<Self>,
-            options: $options,
-        ) -> FloatTensor<Self> {
-            scope::half_backward::<B, 3>([x, weight, output_grad], |[x, weight, output_grad]| {
-                B::$x_backward(x, weight, output_grad, options)
-            })
-        }
-
-        fn $weight_backward(
-            x: FloatTensor<Self>,
-            weight: FloatTensor<Self>,
-            output_grad: FloatTensor<Self>,
-            options: $options,
-        ) -> FloatTensor<Self> {
-            scope::half_backward::<B, 3>([x, weight, output_grad], |[x, weight, output_grad]| {
-                B::$weight_backward(x, weight, output_grad, options)
-            })
-        }
-
-        fn $bias_backward(
-            x: FloatTensor<Self>,
-            bias: FloatTensor<Self>,
-            output_grad: FloatTensor<Self>,
-        ) -> FloatTensor<Self> {
-            let output_grad = scope::to_f32::<B>(output_grad);
-            let (x, bias, output_grad) = promote::three::<B>(x, bias, output_grad);
-            B::$bias_backward(x, bias, output_grad)
-        }
-    };
-}
-
-/// A transposed convolution's ops, as [`promoted_conv!`]'s (its input gradient takes no `x`).
-macro_rules! promoted_conv_transpose {
-    ($conv:ident, $x_backward:ident, $weight_backward:ident, $bias_backward:ident, $options:ty) => {
-        fn $conv(
-            x: FloatTensor<Self>,
-            weight: FloatTensor<Self>,
-            bias: Option<FloatTensor<Self>>,
-            options: $options,
-        ) -> FloatTensor<Self> {
-            let (x, weight, bias) = scope::half_operands::<B>(x, weight, bias);
-            B::$conv(x, weight, bias, options)
-        }
-
-        fn $x_backward(
-            weight: FloatTensor<Self>,
-            output_grad: FloatTensor<Self>,
-            options: $options,
-        ) -> FloatTensor<Self> {
-            scope::half_backward::<B, 2>([weight, output_grad], |[weight, output_grad]| {
-                B::$x_backward(weight, output_grad, options)
+        fn $x_backward($($x_args: FloatTensor<Self>,)+ options: $options) -> FloatTensor<Self> {
+            scope::half_backward::<B, _>([$($x_args),+], |[$($x_args),+]| {
+                B::$x_backward($($x_args,)+ options)
             })
         }
 
@@ -145,23 +97,23 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         fn irfft(spectrum_re: FloatTensor<Self>, spectrum_im: FloatTensor<Self>, dim: usize, n: Option<usize>) -> FloatTensor<Self>;
     }
 
-    promoted_conv_transpose!(
+    promoted_conv!(
         conv_transpose1d,
-        conv_transpose1d_x_backward,
+        conv_transpose1d_x_backward(weight, output_grad),
         conv_transpose1d_weight_backward,
         conv_transpose1d_bias_backward,
         ConvTransposeOptions<1>
     );
-    promoted_conv_transpose!(
+    promoted_conv!(
         conv_transpose2d,
-        conv_transpose2d_x_backward,
+        conv_transpose2d_x_backward(weight, output_grad),
         conv_transpose2d_weight_backward,
         conv_transpose2d_bias_backward,
         ConvTransposeOptions<2>
     );
-    promoted_conv_transpose!(
+    promoted_conv!(
         conv_transpose3d,
-        conv_transpose3d_x_backward,
+        conv_transpose3d_x_backward(weight, output_grad),
         conv_transpose3d_weight_backward,
         conv_transpose3d_bias_backward,
         ConvTransposeOptions<3>
@@ -229,21 +181,21 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
 
     promoted_conv!(
         conv1d,
-        conv1d_x_backward,
+        conv1d_x_backward(x, weight, output_grad),
         conv1d_weight_backward,
         conv1d_bias_backward,
         ConvOptions<1>
     );
     promoted_conv!(
         conv2d,
-        conv2d_x_backward,
+        conv2d_x_backward(x, weight, output_grad),
         conv2d_weight_backward,
         conv2d_bias_backward,
         ConvOptions<2>
     );
     promoted_conv!(
         conv3d,
-        conv3d_x_backward,
+        conv3d_x_backward(x, weight, output_grad),
         conv3d_weight_backward,
         conv3d_bias_backward,
         ConvOptions<3>
