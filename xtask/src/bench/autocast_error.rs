@@ -13,10 +13,12 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderInput};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Distribution, Tensor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use xtask::suite::helpers::{flat_grads, rel_l2};
 
 /// The models whose errors the suite measures.
 #[derive(Debug, Clone, Copy)]
@@ -182,15 +184,10 @@ where
         .forward(&model, input, forward)
         .map_err(|e| e.to_string())?;
     let output = values(out.clone());
-    let gradients = acc.raw_backward(loss(out));
-    let mut grads = GradValues {
-        grads: &gradients,
-        values: Vec::new(),
-    };
-    model.visit(&mut grads);
+    let gradients = GradientsParams::from_grads(acc.raw_backward(loss(out)), &model);
     Ok(Probe {
         output,
-        grads: grads.values,
+        grads: flat_grads(&model, &gradients),
     })
 }
 
@@ -203,22 +200,8 @@ fn data<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> V
     json!({"shape": t.dims().to_vec(), "data": values(t)})
 }
 
-/// Every parameter's gradient, in visiting order.
-struct GradValues<'a, B: AutodiffBackend> {
-    grads: &'a B::Gradients,
-    values: Vec<f32>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for GradValues<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(grad) = param.val().grad(self.grads) {
-            self.values.extend(values(grad));
-        }
-    }
-}
-
 /// `[[path, {shape, data}], ...]` of every float parameter, in visiting order (the order of
-/// [`GradValues`]), with Burn's module paths ("layers.0.mha.query.weight").
+/// `flat_grads`), with Burn's module paths ("layers.0.mha.query.weight").
 fn export<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> Value {
     struct Export {
         path: Vec<String>,
@@ -277,14 +260,4 @@ fn pytorch_errors(
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().unwrap_or("");
     serde_json::from_str(line).map_err(|e| format!("autocast_error.py printed {line:?}: {e}"))
-}
-
-/// Relative L2 distance of `a` from `b`.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        diff += (*x as f64 - *y as f64).powi(2);
-        norm += (*y as f64).powi(2);
-    }
-    (diff / norm).sqrt()
 }
