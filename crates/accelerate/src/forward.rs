@@ -33,7 +33,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     {
         let precision = self.config.precision;
         let compute = precision.compute_dtype();
-        let per_op = precision.is_mixed() && self.autocasts_per_op();
+        let per_op = self.per_op_half().is_some();
         // Per op, the input stays as it is (as under torch.autocast); otherwise it goes in the
         // compute dtype.
         let input = if per_op {
@@ -81,22 +81,22 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// f32 to f32 operands) and checkpointed blocks recompute under the same policy as their
     /// forward, as PyTorch's backward of an autocast region does.
     pub fn raw_backward(&self, loss: Tensor<B, 1>) -> B::Gradients {
-        let precision = self.config.precision;
-        if precision.is_mixed() && self.autocasts_per_op() {
-            autocast_ops(precision.compute_dtype(), || loss.backward())
-        } else {
-            loss.backward()
+        match self.per_op_half() {
+            Some(half) => autocast_ops(half, || loss.backward()),
+            None => loss.backward(),
         }
     }
 
-    /// Whether the mixed precisions run per op (`autocast = "op"`, or "auto" on a backend
-    /// with `Autocast`) rather than through a half view.
-    fn autocasts_per_op(&self) -> bool {
-        match self.config.autocast {
+    /// The half dtype when a mixed precision runs per op (`autocast = "op"`, or "auto" on a
+    /// backend with `Autocast`); `None` for the half view and the other precisions.
+    fn per_op_half(&self) -> Option<DType> {
+        let precision = self.config.precision;
+        let per_op = match self.config.autocast {
             AutocastMode::Op => true,
             AutocastMode::View => false,
             AutocastMode::Auto => promotes_dtypes::<B>(&self.device),
-        }
+        };
+        (precision.is_mixed() && per_op).then(|| precision.compute_dtype())
     }
 
     /// A model with float state shared between clones (BatchNorm's running statistics) keeps
