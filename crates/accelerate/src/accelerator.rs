@@ -43,7 +43,11 @@ const BLOCK_SEED_DOMAIN: u64 = 0xB10C;
 ///     model = acc.step(model, &mut optim, &mut lr)?;
 /// }
 /// ```
-pub struct Accelerator<B: AutodiffBackend> {
+///
+/// `S` is the [`TrainingStrategy`]: by default [`AnyStrategy`], the built-in one the config's
+/// `strategy` names; a strategy of your own (any type implementing the trait, in your crate)
+/// comes in through [`with_strategy`](Self::with_strategy) or [`run_with`](Self::run_with).
+pub struct Accelerator<B: AutodiffBackend, S: TrainingStrategy<B> = AnyStrategy<B>> {
     pub(crate) config: AcceleratorConfig,
     pub(crate) device: B::Device,
     pub(crate) scaler: Option<GradScaler>,
@@ -55,8 +59,8 @@ pub struct Accelerator<B: AutodiffBackend> {
     pub(crate) unscaled: Option<GradSummary>,
     pub(crate) clipped: bool,
     last: StepOutcome,
-    /// How training is spread over devices (single-device, DDP, ZeRO-1, FSDP).
-    pub(crate) strategy: AnyStrategy<B>,
+    /// How training is spread over devices (single-device, DDP, ZeRO-1, FSDP, a user's).
+    pub(crate) strategy: S,
     /// Whether the strategy reduced the pending gradients in this cycle.
     pub(crate) synced: bool,
     /// What this rank sent through collectives.
@@ -80,6 +84,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Self::build(config, device, None)
     }
 
+    /// One rank of the built-in strategy the config names, over `group` (`None` on a single
+    /// device).
     pub(crate) fn build(
         config: AcceleratorConfig,
         device: B::Device,
@@ -87,8 +93,39 @@ impl<B: AutodiffBackend> Accelerator<B> {
     ) -> Result<Self, AccelerateError> {
         config.validate()?;
         let traffic = Traffic::default();
-        let group = group.map(|g| Box::new(Counted::new(g, traffic.clone())) as Group<B>);
-        let strategy = AnyStrategy::build(&config, group)?;
+        let group = group.map(|g| counted::<B>(g, &traffic));
+        let strategy = AnyStrategy::from_config(&config, group)?;
+        Accelerator::assemble(config, device, strategy, traffic)
+    }
+}
+
+/// `group` with what it sends counted in `traffic`.
+pub(crate) fn counted<B: AutodiffBackend>(group: Group<B>, traffic: &Traffic) -> Group<B> {
+    Box::new(Counted::new(group, traffic.clone()))
+}
+
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+    /// An Accelerator that trains with `strategy`, a [`TrainingStrategy`] of your own (or a
+    /// built-in one built by hand), like Fabric's `Fabric(strategy=MyStrategy())`. The
+    /// config's `strategy`, `devices` and strategy tables are not read: the strategy is
+    /// yours (build it over the process group of this rank, e.g. inside
+    /// [`run_with`](Self::run_with), which also counts its traffic).
+    pub fn with_strategy(
+        config: AcceleratorConfig,
+        device: B::Device,
+        strategy: S,
+    ) -> Result<Self, AccelerateError> {
+        config.validate_common()?;
+        Self::assemble(config, device, strategy, Traffic::default())
+    }
+
+    /// Checks what does not depend on the strategy and builds the Accelerator around it.
+    pub(crate) fn assemble(
+        config: AcceleratorConfig,
+        device: B::Device,
+        strategy: S,
+        traffic: Traffic,
+    ) -> Result<Self, AccelerateError> {
         config.precision.check_backend::<B>(&device)?;
         if config.autocast == AutocastMode::Op && !promotes_dtypes::<B>(&device) {
             return Err(AccelerateError::invalid(
@@ -165,8 +202,9 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.config.precision
     }
 
-    /// The strategy this Accelerator trains with (built from the config's `strategy`).
-    pub fn strategy(&self) -> &AnyStrategy<B> {
+    /// The strategy this Accelerator trains with (built from the config's `strategy`, or
+    /// the one given to [`with_strategy`](Self::with_strategy)).
+    pub fn strategy(&self) -> &S {
         &self.strategy
     }
 
@@ -296,16 +334,16 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// checks for overflow (fp16: skip the optimizer AND the LR scheduler, back off the scale),
     /// clips to `max_grad_norm`, steps the scheduler and the optimizer; otherwise keeps
     /// accumulating and returns the model unchanged.
-    pub fn step<M, O, S>(
+    pub fn step<M, O, L>(
         &mut self,
         model: M,
         optimizer: &mut O,
-        scheduler: &mut S,
+        scheduler: &mut L,
     ) -> Result<M, AccelerateError>
     where
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
-        S: LrScheduler,
+        L: LrScheduler,
     {
         if self.pending.is_none() {
             return Err(AccelerateError::CallOrder(
@@ -368,11 +406,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
         let step = self.counters.optimizer_steps + 1;
-        let syncs = self.strategy.parameter_syncs();
-        let model = self.strategy.after_optimizer_step(model, step)?;
-        if self.strategy.parameter_syncs() > syncs && self.averages_optimizer_state() {
-            self.average_optimizer_state(&model, optimizer)?;
-        }
+        let model = self.strategy.after_optimizer_step(model, optimizer, step)?;
         if let Some(scaler) = &mut self.scaler {
             scaler.update(false);
         }

@@ -270,6 +270,22 @@ impl Default for AcceleratorConfig {
 impl AcceleratorConfig {
     /// Checks every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), AccelerateError> {
+        self.validate_common()?;
+        if self.devices > 1 && !self.strategy.is_distributed() {
+            return Err(AccelerateError::invalid(
+                "devices",
+                self.devices,
+                "1 under strategy single-device (set strategy to ddp, zero-1, fsdp, local-sgd or diloco)",
+            ));
+        }
+        self.local_sgd.validate()?;
+        self.diloco.validate()?;
+        Ok(())
+    }
+
+    /// Checks every field but the built-in strategies' (`strategy` and its tables), for an
+    /// Accelerator that trains with a strategy of the user's.
+    pub(crate) fn validate_common(&self) -> Result<(), AccelerateError> {
         if self.gradient_accumulation_steps == 0 {
             return Err(AccelerateError::invalid(
                 "gradient_accumulation_steps",
@@ -289,13 +305,6 @@ impl AcceleratorConfig {
         if self.devices == 0 {
             return Err(AccelerateError::invalid("devices", 0, "at least 1"));
         }
-        if self.devices > 1 && !self.strategy.is_distributed() {
-            return Err(AccelerateError::invalid(
-                "devices",
-                self.devices,
-                "1 under strategy single-device (set strategy to ddp, zero-1, fsdp, local-sgd or diloco)",
-            ));
-        }
         // A finite, bounded wait: a Duration cannot hold 1e300 s (and a week is no timeout).
         if !(self.collective_timeout_s > 0.0 && self.collective_timeout_s <= MAX_TIMEOUT_S) {
             return Err(AccelerateError::invalid(
@@ -312,8 +321,6 @@ impl AcceleratorConfig {
             ));
         }
         self.grad_scaler.validate()?;
-        self.local_sgd.validate()?;
-        self.diloco.validate()?;
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! across ranks, and the gradient and parameter exchanges `step` asks for.
 
 use afterburner_parallel::{
-    Fsdp, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, TrainingStrategy,
+    Fsdp, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, Traffic, TrainingStrategy,
 };
 use afterburner_precision::grads::GradSummary;
 use burn::data::dataloader::batcher::Batcher;
@@ -11,8 +11,9 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::accelerator::counted;
 use crate::data::DataLoader;
-use crate::{AccelerateError, Accelerator, AcceleratorConfig};
+use crate::{AccelerateError, Accelerator, AcceleratorConfig, AnyStrategy};
 
 /// The process group of a distributed Accelerator, on the training backend's inner backend.
 pub type Group<B> = Box<dyn ProcessGroup<<B as AutodiffBackend>::InnerBackend>>;
@@ -52,17 +53,13 @@ impl<B: AutodiffBackend> Accelerator<B> {
         F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
     {
         config.validate()?;
-        let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
-        let results = afterburner_parallel::launch::<B::InnerBackend, _, AccelerateError, _>(
+        let built = config.clone();
+        Self::launch_with(
+            config,
             devices,
-            LaunchConfig { timeout },
-            move |group| {
-                let device = group.device().clone();
-                let acc = Self::with_group(config.clone(), device, Box::new(group))?;
-                worker(acc)
-            },
-        )?;
-        Ok(results)
+            move |group| AnyStrategy::from_config(&built, group),
+            worker,
+        )
     }
 
     /// Runs `worker` as this process's rank of an MPI job (`mpirun` starts one process per
@@ -78,7 +75,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         worker: F,
     ) -> Result<R, AccelerateError>
     where
-        F: FnOnce(Accelerator<B>) -> Result<R, AccelerateError>,
+        F: FnOnce(Accelerator<B, S>) -> Result<R, AccelerateError>,
     {
         config.validate()?;
         let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
@@ -109,6 +106,74 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Self::launch(config, devices, worker)
     }
 
+    /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).
+    pub fn optimizer_sharding(&self) -> Option<&OptimizerSharding> {
+        self.strategy.optimizer_sharding()
+    }
+
+    /// The FSDP state under `strategy = "fsdp"`: units, shard sizes, collective counts.
+    pub fn fsdp(&self) -> Option<&Fsdp<B, Group<B>>> {
+        self.strategy.fsdp()
+    }
+}
+
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+    /// [`run`](Accelerator::run) with a strategy of your own: `make_strategy` builds each
+    /// rank's strategy from that rank's process group (`None` when `config.devices` is 1),
+    /// on the rank's own thread. The config's `strategy` and its tables are not read; its
+    /// `devices` says how many ranks start. Results come back in rank order.
+    pub fn run_with<R, F, MS>(
+        config: AcceleratorConfig,
+        make_strategy: MS,
+        worker: F,
+    ) -> Result<Vec<R>, AccelerateError>
+    where
+        R: Send + 'static,
+        F: Fn(Accelerator<B, S>) -> Result<R, AccelerateError> + Send + Sync + 'static,
+        MS: Fn(Option<Group<B>>) -> Result<S, AccelerateError> + Send + Sync + 'static,
+    {
+        config.validate_common()?;
+        if config.devices == 1 {
+            let strategy = make_strategy(None)?;
+            return Ok(vec![worker(Self::with_strategy(
+                config,
+                B::Device::default(),
+                strategy,
+            )?)?]);
+        }
+        let devices = afterburner_parallel::local_devices::<B::InnerBackend>(config.devices)?;
+        Self::launch_with(config, devices, make_strategy, worker)
+    }
+
+    /// [`launch`](Accelerator::launch) with a strategy of your own, built for each rank by
+    /// `make_strategy` from that rank's process group (whose traffic the Accelerator counts).
+    /// A worker that errors, panics or hangs makes the others fail too, as under `launch`.
+    pub fn launch_with<R, F, MS>(
+        config: AcceleratorConfig,
+        devices: Vec<B::Device>,
+        make_strategy: MS,
+        worker: F,
+    ) -> Result<Vec<R>, AccelerateError>
+    where
+        R: Send + 'static,
+        F: Fn(Accelerator<B, S>) -> Result<R, AccelerateError> + Send + Sync + 'static,
+        MS: Fn(Option<Group<B>>) -> Result<S, AccelerateError> + Send + Sync + 'static,
+    {
+        config.validate_common()?;
+        let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
+        let results = afterburner_parallel::launch::<B::InnerBackend, _, AccelerateError, _>(
+            devices,
+            LaunchConfig { timeout },
+            move |group| {
+                let device = group.device().clone();
+                let traffic = Traffic::default();
+                let strategy = make_strategy(Some(counted::<B>(Box::new(group), &traffic)))?;
+                worker(Self::assemble(config.clone(), device, strategy, traffic)?)
+            },
+        )?;
+        Ok(results)
+    }
+
     /// This process's rank (0 on a single device).
     pub fn rank(&self) -> usize {
         self.strategy.rank()
@@ -124,48 +189,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
         self.rank() == 0
     }
 
-    /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).
-    pub fn optimizer_sharding(&self) -> Option<&OptimizerSharding> {
-        self.strategy.optimizer_sharding()
-    }
-
     /// Parameter syncs so far: Local SGD's averages, DiLoCo's outer steps (one all-reduce of
     /// the parameters each); 0 under the other strategies.
     pub fn parameter_syncs(&self) -> u64 {
         self.strategy.parameter_syncs()
-    }
-
-    /// Whether a parameter average also averages the optimizer state (Local SGD's
-    /// `average_optimizer_state`).
-    pub(crate) fn averages_optimizer_state(&self) -> bool {
-        self.config.strategy == crate::Strategy::LocalSgd
-            && self.config.local_sgd.average_optimizer_state
-    }
-
-    /// Replaces `optimizer`'s state by its mean over the ranks (positions by `model`).
-    pub(crate) fn average_optimizer_state<M, O>(
-        &self,
-        model: &M,
-        optimizer: &mut O,
-    ) -> Result<(), AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: burn::optim::Optimizer<M, B>,
-    {
-        let Some(group) = self.strategy.group() else {
-            return Ok(());
-        };
-        let bytes = crate::state::encode::<B, _>(optimizer.to_record())?;
-        let index = afterburner_parallel::param_ids(model)
-            .into_iter()
-            .enumerate()
-            .map(|(position, id)| (id, position))
-            .collect();
-        let mean = afterburner_parallel::mean_param_states(group, &bytes, &index, &self.device)?;
-        let path = std::path::Path::new("optimizer state (averaged)");
-        let record = crate::state::decode_record::<B, O::Record>(mean, &self.device, path)?;
-        *optimizer = optimizer.clone().load_record(record);
-        Ok(())
     }
 
     /// What this rank sent through collectives so far, every strategy and call included
@@ -315,10 +342,5 @@ impl<B: AutodiffBackend> Accelerator<B> {
             )));
         }
         Ok(self.strategy.finish(model, steps)?)
-    }
-
-    /// The FSDP state under `strategy = "fsdp"`: units, shard sizes, collective counts.
-    pub fn fsdp(&self) -> Option<&Fsdp<B, Group<B>>> {
-        self.strategy.fsdp()
     }
 }

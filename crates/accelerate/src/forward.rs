@@ -14,7 +14,7 @@ use burn::tensor::{DType, Tensor};
 
 use crate::{AccelerateError, Accelerator, AutocastMode};
 
-impl<B: AutodiffBackend> Accelerator<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     /// Runs `forward(model, input)` under the precision policy: in the mixed modes per op
     /// (`autocast = "op"`: inside an `autocast_ops` scope, the input as it is) or on a fresh
     /// half view of the model (`"view"`: the input's float tensors cast to the compute dtype),

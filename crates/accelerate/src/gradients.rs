@@ -8,7 +8,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::{AccelerateError, Accelerator};
 
-impl<B: AutodiffBackend> Accelerator<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     /// Unscales the pending gradients (once per cycle) and returns their summary when a norm
     /// was needed. The accumulation mean is corrected for a cycle cut short by an epoch end.
     pub(crate) fn unscale_pending<M: AutodiffModule<B>>(

@@ -5,6 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use afterburner_parallel::TrainingStrategy;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::sharded_state::is_state_dir;
@@ -17,13 +18,16 @@ const PREFIX: &str = "checkpoint_";
 /// Checkpoint numbers at or above this are ignored (never written, never deleted).
 const MAX_NUMBER: u64 = 1 << 48;
 
-impl<B: AutodiffBackend> Accelerator<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     /// Saves `parts` like [`save_parts`](Self::save_parts) to the next numbered directory,
     /// `<project.dir>/checkpoints/checkpoint_<n>` (n from 0, one more than the highest there),
     /// then deletes the oldest checkpoints beyond `project.keep_last`: only once the new one
     /// is complete, and only directories afterburner wrote. Returns the new checkpoint's path.
     /// Every rank calls it.
-    pub fn save_checkpoint(&self, parts: &StateParts<'_, B>) -> Result<PathBuf, AccelerateError> {
+    pub fn save_checkpoint(
+        &self,
+        parts: &StateParts<'_, B, S>,
+    ) -> Result<PathBuf, AccelerateError> {
         let root = self.checkpoints_dir()?;
         let next = numbered(&root)
             .iter()
@@ -52,7 +56,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// Every rank calls it.
     pub fn load_checkpoint(
         &mut self,
-        parts: &mut StateParts<'_, B>,
+        parts: &mut StateParts<'_, B, S>,
     ) -> Result<Option<PathBuf>, AccelerateError> {
         let root = self.checkpoints_dir()?;
         let mut found: Vec<(u64, PathBuf)> = numbered(&root)

@@ -20,7 +20,7 @@ use crate::{AccelerateError, Accelerator};
 /// Directory name prefix of one rank's part of a sharded state.
 const RANK_PREFIX: &str = "rank-";
 
-impl<B: AutodiffBackend> Accelerator<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     /// Saves a sharded state by a two-phase commit: rank 0 creates a staging directory next
     /// to `dir`; every rank writes its part into it; the ranks vote; only if every part is
     /// written does rank 0 swap the staging directory in place of `dir` (one rename). A
@@ -29,7 +29,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     pub(crate) fn save_rank_part(
         &self,
         dir: &Path,
-        parts: &StateParts<'_, B>,
+        parts: &StateParts<'_, B, S>,
     ) -> Result<(), AccelerateError> {
         let staging = self.agree_on_staging_dir(dir)?;
         let mine = staging.join(self.rank_dir_name());

@@ -69,16 +69,17 @@ impl AcceleratorState {
 }
 
 /// The parts [`Accelerator::save_state`] and [`Accelerator::load_state`] use.
-fn classic_parts<'a, B, M, O, S>(
+fn classic_parts<'a, B, S, M, O, L>(
     model: &'a mut M,
     optimizer: &'a mut O,
-    scheduler: &'a mut S,
-) -> StateParts<'a, B>
+    scheduler: &'a mut L,
+) -> StateParts<'a, B, S>
 where
     B: AutodiffBackend,
+    S: TrainingStrategy<B>,
     M: AutodiffModule<B> + 'static,
     O: Optimizer<M, B>,
-    S: LrScheduler,
+    L: LrScheduler,
 {
     StateParts::new()
         .model("model", model)
@@ -86,7 +87,7 @@ where
         .scheduler("scheduler", scheduler)
 }
 
-impl<B: AutodiffBackend> Accelerator<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     /// Saves model, optimizer, LR scheduler, loss scaler, counters, seed and data position to
     /// `dir` (the parts `model`, `optimizer`, `scheduler`; use
     /// [`save_parts`](Self::save_parts) for more), replacing an earlier state there
@@ -98,17 +99,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// rank writes its own complete state directory, `dir/rank-<r>-of-<n>`, by a two-phase
     /// commit; it loads at any world size (the saved ranks' parts are merged). Under `fsdp` with `state_dict_type = "full"` the parts are gathered
     /// and rank 0 writes one ordinary state. The call fails on every rank if it failed on any.
-    pub fn save_state<M, O, S>(
+    pub fn save_state<M, O, L>(
         &self,
         dir: impl AsRef<Path>,
         model: &M,
         optimizer: &O,
-        scheduler: &S,
+        scheduler: &L,
     ) -> Result<(), AccelerateError>
     where
         M: AutodiffModule<B> + 'static,
         O: Optimizer<M, B>,
-        S: LrScheduler,
+        L: LrScheduler,
     {
         let (mut model, mut optimizer, mut scheduler) =
             (model.clone(), optimizer.clone(), scheduler.clone());
@@ -123,17 +124,17 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// position. Every file is verified first; on any error nothing is changed. Under `zero-1`
     /// and `fsdp` each rank loads its own part (pass the model `setup` returned); if any
     /// rank cannot, every rank returns an error and none changes.
-    pub fn load_state<M, O, S>(
+    pub fn load_state<M, O, L>(
         &mut self,
         dir: impl AsRef<Path>,
         mut model: M,
         mut optimizer: O,
-        mut scheduler: S,
-    ) -> Result<(M, O, S), AccelerateError>
+        mut scheduler: L,
+    ) -> Result<(M, O, L), AccelerateError>
     where
         M: AutodiffModule<B> + 'static,
         O: Optimizer<M, B>,
-        S: LrScheduler,
+        L: LrScheduler,
     {
         self.load_parts(
             dir,
@@ -151,7 +152,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     pub fn save_parts(
         &self,
         dir: impl AsRef<Path>,
-        parts: &StateParts<'_, B>,
+        parts: &StateParts<'_, B, S>,
     ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
         parts.check_names()?;
@@ -197,7 +198,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// an error on this rank (reported at the end), so none is left waiting.
     fn gather_parts(
         &self,
-        parts: &StateParts<'_, B>,
+        parts: &StateParts<'_, B, S>,
         mut files: StateFiles,
     ) -> Result<StateFiles, AccelerateError> {
         let mut first_error = None;
@@ -223,7 +224,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     pub fn load_parts(
         &mut self,
         dir: impl AsRef<Path>,
-        parts: &mut StateParts<'_, B>,
+        parts: &mut StateParts<'_, B, S>,
     ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
         parts.check_names()?;
@@ -285,7 +286,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         &self,
         source: &Path,
         mode: Mode,
-        parts: &mut StateParts<'_, B>,
+        parts: &mut StateParts<'_, B, S>,
         files: &mut Vec<(String, Vec<u8>)>,
         state: &AcceleratorState,
     ) -> Result<Option<GradScaler>, AccelerateError> {
@@ -319,7 +320,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     fn read_parts(
         &self,
         dir: &Path,
-        parts: &StateParts<'_, B>,
+        parts: &StateParts<'_, B, S>,
     ) -> Result<(StateFiles, AcceleratorState), AccelerateError> {
         let mut files = read_verified(dir)?;
         let state_bytes = files
@@ -361,8 +362,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// Accelerator's own, last. Local work only.
     pub(crate) fn encode_parts(
         &self,
-        parts: &StateParts<'_, B>,
-        encode: impl Fn(&dyn Slot<B>) -> bool,
+        parts: &StateParts<'_, B, S>,
+        encode: impl Fn(&dyn Slot<B, S>) -> bool,
     ) -> Result<StateFiles, AccelerateError> {
         let mut files = Vec::with_capacity(parts.parts.len() + 1);
         for (name, slot) in &parts.parts {

@@ -17,7 +17,7 @@ use crate::{AccelerateError, Accelerator};
 /// state, and the saved ranks to merge (see `Accelerator::state_source`).
 pub(crate) type StateSource = (PathBuf, Mode, bool, Vec<PathBuf>);
 
-impl<B: AutodiffBackend> Accelerator<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     /// Where this rank reads a state from, whether it is a gathered (full) one, whether it
     /// is this rank's own part of a sharded one, and the saved ranks' directories to merge
     /// when a per-rank state of another world size loads by merging (ZeRO-1; empty
@@ -64,7 +64,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// from the same save.
     pub(crate) fn merge_rank_parts(
         &self,
-        parts: &StateParts<'_, B>,
+        parts: &StateParts<'_, B, S>,
         ranks: &[PathBuf],
         (mut files, state): (StateFiles, AcceleratorState),
     ) -> Result<(StateFiles, AcceleratorState), AccelerateError> {

@@ -8,7 +8,7 @@ use afterburner_parallel::{
     SharedGroup, SingleDevice, StateLayout, StrategyState, TrainingStrategy, Zero1,
 };
 use burn::module::{AutodiffModule, Module};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 
@@ -35,14 +35,9 @@ pub enum AnyStrategy<B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> AnyStrategy<B> {
-    /// Whether each optimizer step uses the mean gradient over the ranks (DDP, ZeRO-1,
-    /// FSDP); Local SGD and DiLoCo ranks step on their own gradients.
-    pub fn averages_gradients(&self) -> bool {
-        matches!(self, Self::Ddp(_) | Self::Zero1(_) | Self::Fsdp(_))
-    }
-
-    /// The strategy `config` asks for, over `group` (`None` on a single device).
-    pub(crate) fn build(
+    /// The strategy `config` asks for, over `group` (`None` on a single device): what
+    /// [`Accelerator::run`](crate::Accelerator::run) builds for each rank.
+    pub fn from_config(
         config: &AcceleratorConfig,
         group: Option<Group<B>>,
     ) -> Result<Self, AccelerateError> {
@@ -82,24 +77,6 @@ impl<B: AutodiffBackend> AnyStrategy<B> {
         match self {
             Self::Zero1(zero) => zero.sharding(),
             _ => None,
-        }
-    }
-
-    /// Gradient all-reduces so far (one per optimizer step under DDP and ZeRO-1).
-    pub fn gradient_all_reduces(&self) -> u64 {
-        match self {
-            Self::Ddp(ddp) => ddp.all_reduce_count(),
-            Self::Zero1(zero) => zero.ddp().all_reduce_count(),
-            _ => 0,
-        }
-    }
-
-    /// Parameter syncs so far (Local SGD averages, DiLoCo outer steps).
-    pub fn parameter_syncs(&self) -> u64 {
-        match self {
-            Self::LocalSgd(local) => local.averages(),
-            Self::DiLoCo(diloco) => diloco.syncs(),
-            _ => 0,
         }
     }
 
@@ -191,12 +168,29 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
         dispatch!(self, s => s.before_optimizer_step(model, grads))
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(
+    fn after_optimizer_step<M, O>(
         &mut self,
         model: M,
+        optimizer: &mut O,
         step: u64,
-    ) -> Result<M, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::after_optimizer_step(s, model, step))
+    ) -> Result<M, ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        dispatch!(self, s => s.after_optimizer_step(model, optimizer, step))
+    }
+
+    fn gradient_all_reduces(&self) -> u64 {
+        dispatch!(self, s => TrainingStrategy::<B>::gradient_all_reduces(s))
+    }
+
+    fn parameter_syncs(&self) -> u64 {
+        dispatch!(self, s => TrainingStrategy::<B>::parameter_syncs(s))
+    }
+
+    fn averages_gradients(&self) -> bool {
+        dispatch!(self, s => TrainingStrategy::<B>::averages_gradients(s))
     }
 
     fn own_state(&self) -> Result<StrategyState, ParallelError> {

@@ -9,6 +9,7 @@ use afterburner_parallel::{
     broadcast_from_rank0, flat_params, with_flat_params,
 };
 use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
@@ -291,11 +292,20 @@ where
         any_rank::<B, _>(&self.group, skip, device)
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(
+    fn parameter_syncs(&self) -> u64 {
+        self.syncs()
+    }
+
+    fn after_optimizer_step<M, O>(
         &mut self,
         model: M,
+        _optimizer: &mut O,
         step: u64,
-    ) -> Result<M, ParallelError> {
+    ) -> Result<M, ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
         let model = self.apply_pending(model, Some(step))?;
         let interval = self.interval();
         if !step.is_multiple_of(interval) {

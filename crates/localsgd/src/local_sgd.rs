@@ -5,9 +5,10 @@ use std::marker::PhantomData;
 
 use afterburner_parallel::{
     ParallelError, ProcessGroup, ReduceOp, StateLayout, StrategyState, TrainingStrategy,
-    broadcast_from_rank0, flat_params, with_flat_params,
+    average_optimizer_state, broadcast_from_rank0, flat_params, with_flat_params,
 };
 use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 
@@ -93,15 +94,31 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Loca
         any_rank::<B, G>(&self.group, skip, device)
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(
+    /// Every `local_sgd_steps` steps: the parameters averaged and, with
+    /// `average_optimizer_state`, the optimizer's state too (AdamW's moments, SGD's momentum).
+    fn after_optimizer_step<M, O>(
         &mut self,
         model: M,
+        optimizer: &mut O,
         step: u64,
-    ) -> Result<M, ParallelError> {
-        match step.is_multiple_of(self.config.local_sgd_steps as u64) {
-            true => self.average(model),
-            false => Ok(model),
+    ) -> Result<M, ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        if !step.is_multiple_of(self.config.local_sgd_steps as u64) {
+            return Ok(model);
         }
+        let model = self.average(model)?;
+        if self.config.average_optimizer_state {
+            let device = model.devices().into_iter().next().unwrap_or_default();
+            average_optimizer_state::<B, M, O, G>(&self.group, &model, optimizer, &device)?;
+        }
+        Ok(model)
+    }
+
+    fn parameter_syncs(&self) -> u64 {
+        self.averages
     }
 
     /// A last average unless the last step (or an earlier `finish`) just averaged.

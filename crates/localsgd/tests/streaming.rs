@@ -14,6 +14,7 @@ use afterburner_parallel::{
 };
 use burn::backend::{Autodiff, Flex};
 use burn::nn::{Linear, LinearConfig};
+use burn::optim::SgdConfig;
 
 type B = Autodiff<Flex>;
 
@@ -43,6 +44,8 @@ fn run(config: DiLoCoConfig) -> Vec<(Vec<Vec<f32>>, Vec<f32>, u64)> {
         let mut model = diloco.setup(model.clone()).map_err(|e| e.to_string())?;
         let after_setup = sent.load(Ordering::Relaxed);
         let mut trajectory = Vec::new();
+        // The inner steps are by hand; DiLoCo leaves the (inner) optimizer alone.
+        let mut optim = SgdConfig::new().init::<B, Linear<B>>();
         for step in 1..=STEPS {
             let flat = flat_params::<B, _>(&model).unwrap();
             let n = flat.dims()[0];
@@ -50,7 +53,7 @@ fn run(config: DiLoCoConfig) -> Vec<(Vec<Vec<f32>>, Vec<f32>, u64)> {
             let add = burn::tensor::Tensor::from_floats(add.as_slice(), &flat.device());
             model = with_flat_params::<B, _>(model, flat + add);
             model = diloco
-                .after_optimizer_step(model, step)
+                .after_optimizer_step(model, &mut optim, step)
                 .map_err(|e| e.to_string())?;
             trajectory.push(values(&model));
         }

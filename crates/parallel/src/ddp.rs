@@ -142,6 +142,14 @@ where
         broadcast_from_rank0(&self.group, model)
     }
 
+    fn gradient_all_reduces(&self) -> u64 {
+        self.all_reduces
+    }
+
+    fn averages_gradients(&self) -> bool {
+        true
+    }
+
     fn reduce_gradients<M: AutodiffModule<B>>(
         &mut self,
         model: &M,

@@ -40,6 +40,7 @@ mod local;
 mod loopback;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod optimizer_state;
 mod params;
 mod record;
 pub mod rng;
@@ -63,6 +64,7 @@ pub use local::LocalGroup;
 pub use loopback::{LoopbackRun, run_on_loopback};
 #[cfg(feature = "mpi")]
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
+pub use optimizer_state::average_optimizer_state;
 pub use params::{flat_params, param_ids, with_flat_params};
 pub use record::{mean_param_states, merge_param_states};
 pub use sampler::{DistributedSampler, shard};

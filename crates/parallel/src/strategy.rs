@@ -24,7 +24,7 @@ use std::collections::HashMap;
 
 use afterburner_checkpoint::DerivedParams;
 use burn::module::{AutodiffModule, Module};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 
@@ -138,16 +138,40 @@ pub trait TrainingStrategy<B: AutodiffBackend> {
         let _ = (model, grads);
     }
 
-    /// Right after the optimizer stepped, the `step`-th optimizer step of the run (from 1,
+    /// Right after `optimizer` stepped, the `step`-th optimizer step of the run (from 1,
     /// restored on resume): e.g. share the new values, refresh buffers, or (Local SGD) average
-    /// the replicas every K steps.
-    fn after_optimizer_step<M: AutodiffModule<B>>(
+    /// the replicas, and with them the optimizer's state, every K steps.
+    fn after_optimizer_step<M, O>(
         &mut self,
         model: M,
+        optimizer: &mut O,
         step: u64,
-    ) -> Result<M, ParallelError> {
-        let _ = step;
+    ) -> Result<M, ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let _ = (optimizer, step);
         Ok(model)
+    }
+
+    /// Gradient all-reduces so far (one per optimizer step under DDP and ZeRO-1); 0 for a
+    /// strategy that exchanges no gradients.
+    fn gradient_all_reduces(&self) -> u64 {
+        0
+    }
+
+    /// Parameter syncs so far (Local SGD's averages, DiLoCo's outer steps); 0 for a strategy
+    /// that exchanges gradients instead.
+    fn parameter_syncs(&self) -> u64 {
+        0
+    }
+
+    /// Whether each optimizer step uses the mean gradient over the ranks (DDP, ZeRO-1, FSDP:
+    /// every rank steps on the same gradients); false when ranks step on their own (Local SGD,
+    /// DiLoCo) or on a single device. The Trainer counts a step's items by it.
+    fn averages_gradients(&self) -> bool {
+        false
     }
 
     /// At the end of training, after `steps` optimizer steps: e.g. (Local SGD) a last

@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
@@ -201,15 +201,28 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Zero
             .keep_owned(model, grads);
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(
+    fn after_optimizer_step<M, O>(
         &mut self,
         model: M,
+        _optimizer: &mut O,
         _step: u64,
-    ) -> Result<M, ParallelError> {
+    ) -> Result<M, ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
         match &self.sharding {
             Some(sharding) => sharding.share_params(self.ddp.group(), model),
             None => Ok(model),
         }
+    }
+
+    fn gradient_all_reduces(&self) -> u64 {
+        self.ddp.all_reduce_count()
+    }
+
+    fn averages_gradients(&self) -> bool {
+        true
     }
 
     fn state_layout(&self) -> StateLayout {

@@ -2,6 +2,7 @@
 //! their evaluation output (burn-train's `ClassificationOutput`, which every classification
 //! metric reads; the language model's is one classification per byte).
 
+use afterburner_parallel::TrainingStrategy;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
@@ -13,10 +14,10 @@ use super::text::TokenBatch;
 use crate::trainer::TrainLoss;
 use crate::{AccelerateError, Accelerator};
 
-impl<B: AutodiffBackend> TrainLoss<B, ImageBatch<B>> for Vit<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> TrainLoss<B, ImageBatch<B>, S> for Vit<B> {
     fn train_loss(
         &self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         batch: ImageBatch<B>,
     ) -> Result<Tensor<B, 1>, AccelerateError> {
         let logits = acc.forward(self, batch.images, |model, images| model.forward(images))?;
@@ -65,10 +66,10 @@ impl<B: Backend> InferenceStep for Vit<B> {
     }
 }
 
-impl<B: AutodiffBackend> TrainLoss<B, TokenBatch<B>> for Transformer<B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> TrainLoss<B, TokenBatch<B>, S> for Transformer<B> {
     fn train_loss(
         &self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         batch: TokenBatch<B>,
     ) -> Result<Tensor<B, 1>, AccelerateError> {
         let logits = acc.forward(self, batch.inputs, |model, tokens| model.forward(tokens))?;
@@ -80,7 +81,7 @@ impl<B: AutodiffBackend> TrainLoss<B, TokenBatch<B>> for Transformer<B> {
     /// Every predicted byte is an item: the mean loss times their number.
     fn train_loss_sum(
         &self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         batch: TokenBatch<B>,
     ) -> Result<(Tensor<B, 1>, usize), AccelerateError> {
         let [b, t] = batch.targets.dims();

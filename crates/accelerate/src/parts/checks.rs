@@ -8,14 +8,16 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Tensor};
 
+use afterburner_parallel::TrainingStrategy;
+
 use super::StateParts;
 use crate::AccelerateError;
 
 /// An error naming every model part of `parts` that holds an inf/NaN parameter on this rank:
 /// saving it would replace the last good state with a poisoned one.
-pub(crate) fn refuse_nonfinite_models<B: AutodiffBackend>(
+pub(crate) fn refuse_nonfinite_models<B: AutodiffBackend, S: TrainingStrategy<B>>(
     dir: &Path,
-    parts: &StateParts<'_, B>,
+    parts: &StateParts<'_, B, S>,
 ) -> Result<(), AccelerateError> {
     let poisoned: Vec<&str> = parts
         .parts

@@ -22,7 +22,9 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::{AccelerateError, Accelerator};
+use afterburner_parallel::TrainingStrategy;
+
+use crate::{AccelerateError, Accelerator, AnyStrategy};
 use slots::{ModelSlot, OptimizerSlot, SchedulerSlot, ValueSlot};
 
 /// An object saved with the training state as one named part, by hand-written conversions
@@ -54,20 +56,20 @@ pub trait Stateful: Sized {
 /// `accelerator` (the Accelerator's own part: counters, loss scale, seed, data position).
 /// Loading needs exactly the parts the state holds: a missing or an unknown part is an error
 /// naming it. Every rank builds the same parts in the same order.
-pub struct StateParts<'a, B: AutodiffBackend> {
-    pub(crate) parts: Vec<Part<'a, B>>,
+pub struct StateParts<'a, B: AutodiffBackend, S: TrainingStrategy<B> = AnyStrategy<B>> {
+    pub(crate) parts: Vec<Part<'a, B, S>>,
 }
 
 /// A named part.
-pub(crate) type Part<'a, B> = (String, Box<dyn Slot<B> + 'a>);
+pub(crate) type Part<'a, B, S> = (String, Box<dyn Slot<B, S> + 'a>);
 
-impl<B: AutodiffBackend> Default for StateParts<'_, B> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>> Default for StateParts<'_, B, S> {
     fn default() -> Self {
         Self { parts: Vec::new() }
     }
 }
 
-impl<'a, B: AutodiffBackend> StateParts<'a, B> {
+impl<'a, B: AutodiffBackend, S: TrainingStrategy<B>> StateParts<'a, B, S> {
     /// No parts yet.
     pub fn new() -> Self {
         Self::default()
@@ -92,7 +94,7 @@ impl<'a, B: AutodiffBackend> StateParts<'a, B> {
     }
 
     /// An LR scheduler.
-    pub fn scheduler<S: LrScheduler>(mut self, name: &str, scheduler: &'a mut S) -> Self {
+    pub fn scheduler<L: LrScheduler>(mut self, name: &str, scheduler: &'a mut L) -> Self {
         self.push(name, SchedulerSlot::new(scheduler));
         self
     }
@@ -109,7 +111,7 @@ impl<'a, B: AutodiffBackend> StateParts<'a, B> {
         self
     }
 
-    fn push(&mut self, name: &str, slot: impl Slot<B> + 'a) {
+    fn push(&mut self, name: &str, slot: impl Slot<B, S> + 'a) {
         self.parts.push((name.to_string(), Box::new(slot)));
     }
 
@@ -175,17 +177,17 @@ pub(crate) enum Mode {
 }
 
 /// One part, type-erased: how it encodes, stages a load and commits it.
-pub(crate) trait Slot<B: AutodiffBackend> {
+pub(crate) trait Slot<B: AutodiffBackend, S: TrainingStrategy<B>> {
     /// This rank's bytes of the part: local work only, no collective.
-    fn encode(&self, acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError>;
+    fn encode(&self, acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError>;
 
     /// Under a gathered save, after every rank encoded: the bytes rank 0 writes, from this
     /// rank's `local` ones (collectives; every rank calls, in the same order). `parts` gives
     /// an optimizer its model. Default: `local`.
     fn gather(
         &self,
-        _acc: &Accelerator<B>,
-        _parts: &StateParts<'_, B>,
+        _acc: &Accelerator<B, S>,
+        _parts: &StateParts<'_, B, S>,
         local: Vec<u8>,
     ) -> Result<Vec<u8>, AccelerateError> {
         Ok(local)
@@ -193,22 +195,26 @@ pub(crate) trait Slot<B: AutodiffBackend> {
 
     /// Collectives a gathered load needs before any part decodes (so a part that fails to
     /// decode on one rank cannot leave the others waiting in a collective).
-    fn prepare_load(&mut self, _acc: &Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+    fn prepare_load(
+        &mut self,
+        _acc: &Accelerator<B, S>,
+        _mode: Mode,
+    ) -> Result<(), AccelerateError> {
         Ok(())
     }
 
     /// Decodes `bytes` and keeps the result; changes nothing visible.
     fn stage(
         &mut self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         mode: Mode,
         bytes: Vec<u8>,
         path: &Path,
-        models: &[Part<'_, B>],
+        models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError>;
 
     /// Replaces the borrowed object with the staged one.
-    fn commit(&mut self, acc: &mut Accelerator<B>, mode: Mode) -> Result<(), AccelerateError>;
+    fn commit(&mut self, acc: &mut Accelerator<B, S>, mode: Mode) -> Result<(), AccelerateError>;
 
     /// The model, for model parts.
     fn model(&self) -> Option<&dyn Any> {
@@ -241,8 +247,8 @@ pub(crate) trait Slot<B: AutodiffBackend> {
     /// `parts` gives an optimizer its model. Local work only.
     fn merge_ranks(
         &self,
-        _acc: &Accelerator<B>,
-        _parts: &StateParts<'_, B>,
+        _acc: &Accelerator<B, S>,
+        _parts: &StateParts<'_, B, S>,
         _name: &str,
         _ranks: &[std::path::PathBuf],
     ) -> Result<Option<Vec<u8>>, AccelerateError> {

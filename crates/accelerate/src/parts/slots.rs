@@ -41,16 +41,21 @@ impl<'a, M> ModelSlot<'a, M> {
     }
 }
 
-impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'_, M> {
-    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+impl<B, S, M> Slot<B, S> for ModelSlot<'_, M>
+where
+    B: AutodiffBackend,
+    S: TrainingStrategy<B>,
+    M: AutodiffModule<B> + 'static,
+{
+    fn encode(&self, _acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError> {
         encode::<B, _>(self.model.clone().into_record())
     }
 
     /// The full model (a collective), encoded by the rank that writes.
     fn gather(
         &self,
-        acc: &Accelerator<B>,
-        _parts: &StateParts<'_, B>,
+        acc: &Accelerator<B, S>,
+        _parts: &StateParts<'_, B, S>,
         _local: Vec<u8>,
     ) -> Result<Vec<u8>, AccelerateError> {
         let full = acc.strategy.full_model(&*self.model)?;
@@ -65,7 +70,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
         false
     }
 
-    fn prepare_load(&mut self, acc: &Accelerator<B>, mode: Mode) -> Result<(), AccelerateError> {
+    fn prepare_load(&mut self, acc: &Accelerator<B, S>, mode: Mode) -> Result<(), AccelerateError> {
         if mode == Mode::Gathered {
             self.staged = Some(acc.strategy.full_model(&*self.model)?);
         }
@@ -74,11 +79,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
 
     fn stage(
         &mut self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         _mode: Mode,
         bytes: Vec<u8>,
         path: &Path,
-        _models: &[Part<'_, B>],
+        _models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError> {
         let record = decode_record::<B, M::Record>(bytes, &acc.device, path)?;
         let template = self.staged.take().unwrap_or_else(|| self.model.clone());
@@ -86,7 +91,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
         Ok(())
     }
 
-    fn commit(&mut self, acc: &mut Accelerator<B>, mode: Mode) -> Result<(), AccelerateError> {
+    fn commit(&mut self, acc: &mut Accelerator<B, S>, mode: Mode) -> Result<(), AccelerateError> {
         let Some(loaded) = self.staged.take() else {
             return Ok(());
         };
@@ -120,8 +125,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B> + 'static> Slot<B> for ModelSlot<'
     /// every saved rank's shards, encoded; `None` (rank 0's copy) otherwise.
     fn merge_ranks(
         &self,
-        acc: &Accelerator<B>,
-        _parts: &StateParts<'_, B>,
+        acc: &Accelerator<B, S>,
+        _parts: &StateParts<'_, B, S>,
         name: &str,
         ranks: &[PathBuf],
     ) -> Result<Option<Vec<u8>>, AccelerateError> {
@@ -175,20 +180,21 @@ where
     }
 }
 
-impl<B, M, O> Slot<B> for OptimizerSlot<'_, M, O, B>
+impl<B, S, M, O> Slot<B, S> for OptimizerSlot<'_, M, O, B>
 where
     B: AutodiffBackend,
+    S: TrainingStrategy<B>,
     M: AutodiffModule<B> + 'static,
     O: Optimizer<M, B>,
 {
-    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+    fn encode(&self, _acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError> {
         encode::<B, _>(self.optimizer.to_record())
     }
 
     fn gather(
         &self,
-        acc: &Accelerator<B>,
-        parts: &StateParts<'_, B>,
+        acc: &Accelerator<B, S>,
+        parts: &StateParts<'_, B, S>,
         local: Vec<u8>,
     ) -> Result<Vec<u8>, AccelerateError> {
         let model = parts.model_of::<M>().ok_or_else(Self::no_model)?;
@@ -199,11 +205,11 @@ where
 
     fn stage(
         &mut self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         mode: Mode,
         bytes: Vec<u8>,
         path: &Path,
-        models: &[Part<'_, B>],
+        models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError> {
         let bytes = match mode {
             Mode::Local => bytes,
@@ -220,7 +226,7 @@ where
         Ok(())
     }
 
-    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+    fn commit(&mut self, _acc: &mut Accelerator<B, S>, _mode: Mode) -> Result<(), AccelerateError> {
         if let Some(record) = self.staged.take() {
             *self.optimizer = self.optimizer.clone().load_record(record);
         }
@@ -232,8 +238,8 @@ where
     /// own saved model, whose ids may differ. One saved rank in memory at a time.
     fn merge_ranks(
         &self,
-        acc: &Accelerator<B>,
-        parts: &StateParts<'_, B>,
+        acc: &Accelerator<B, S>,
+        parts: &StateParts<'_, B, S>,
         name: &str,
         ranks: &[PathBuf],
     ) -> Result<Option<Vec<u8>>, AccelerateError> {
@@ -265,13 +271,13 @@ where
     }
 }
 
-pub(super) struct SchedulerSlot<'a, S: LrScheduler, B: AutodiffBackend> {
-    scheduler: &'a mut S,
-    staged: Option<S::Record<B>>,
+pub(super) struct SchedulerSlot<'a, L: LrScheduler, B: AutodiffBackend> {
+    scheduler: &'a mut L,
+    staged: Option<L::Record<B>>,
 }
 
-impl<'a, B: AutodiffBackend, S: LrScheduler> SchedulerSlot<'a, S, B> {
-    pub(super) fn new(scheduler: &'a mut S) -> Self {
+impl<'a, B: AutodiffBackend, L: LrScheduler> SchedulerSlot<'a, L, B> {
+    pub(super) fn new(scheduler: &'a mut L) -> Self {
         Self {
             scheduler,
             staged: None,
@@ -279,24 +285,26 @@ impl<'a, B: AutodiffBackend, S: LrScheduler> SchedulerSlot<'a, S, B> {
     }
 }
 
-impl<B: AutodiffBackend, S: LrScheduler> Slot<B> for SchedulerSlot<'_, S, B> {
-    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>, L: LrScheduler> Slot<B, S>
+    for SchedulerSlot<'_, L, B>
+{
+    fn encode(&self, _acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError> {
         encode::<B, _>(self.scheduler.to_record::<B>())
     }
 
     fn stage(
         &mut self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         _mode: Mode,
         bytes: Vec<u8>,
         path: &Path,
-        _models: &[Part<'_, B>],
+        _models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError> {
-        self.staged = Some(decode_record::<B, S::Record<B>>(bytes, &acc.device, path)?);
+        self.staged = Some(decode_record::<B, L::Record<B>>(bytes, &acc.device, path)?);
         Ok(())
     }
 
-    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+    fn commit(&mut self, _acc: &mut Accelerator<B, S>, _mode: Mode) -> Result<(), AccelerateError> {
         if let Some(record) = self.staged.take() {
             *self.scheduler = self.scheduler.clone().load_record::<B>(record);
         }
@@ -337,18 +345,18 @@ impl<'a, T: Stateful> ValueSlot<'a, T> {
     }
 }
 
-impl<B: AutodiffBackend, T> Slot<B> for ValueSlot<'_, T> {
-    fn encode(&self, _acc: &Accelerator<B>) -> Result<Vec<u8>, AccelerateError> {
+impl<B: AutodiffBackend, S: TrainingStrategy<B>, T> Slot<B, S> for ValueSlot<'_, T> {
+    fn encode(&self, _acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError> {
         (self.to_bytes)(self.value).map_err(encoding_failed)
     }
 
     fn stage(
         &mut self,
-        _acc: &Accelerator<B>,
+        _acc: &Accelerator<B, S>,
         _mode: Mode,
         bytes: Vec<u8>,
         path: &Path,
-        _models: &[Part<'_, B>],
+        _models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError> {
         let loaded =
             (self.from_bytes)(self.value, &bytes).map_err(|e| AccelerateError::corrupt(path, e))?;
@@ -356,7 +364,7 @@ impl<B: AutodiffBackend, T> Slot<B> for ValueSlot<'_, T> {
         Ok(())
     }
 
-    fn commit(&mut self, _acc: &mut Accelerator<B>, _mode: Mode) -> Result<(), AccelerateError> {
+    fn commit(&mut self, _acc: &mut Accelerator<B, S>, _mode: Mode) -> Result<(), AccelerateError> {
         if let Some(loaded) = self.staged.take() {
             *self.value = loaded;
         }

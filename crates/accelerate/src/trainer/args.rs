@@ -7,7 +7,7 @@ use afterburner_checkpoint::CheckpointPolicy;
 use afterburner_precision::Precision;
 use serde::{Deserialize, Serialize};
 
-use super::choices::{IntervalStrategy, LossNormalization, SchedulerType};
+use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, SchedulerType};
 use crate::{AccelerateError, AcceleratorConfig, AutocastMode, Strategy};
 
 /// Everything the [`Trainer`](super::Trainer) needs to know, with the names and defaults of
@@ -28,15 +28,20 @@ pub struct TrainingArguments {
     pub per_device_train_batch_size: usize,
     /// Items per evaluation batch on each device. Default 8.
     pub per_device_eval_batch_size: usize,
-    /// Peak learning rate of AdamW. Default 5e-5.
+    /// The optimizer: "adamw" (default; HF's "adamw_torch"), "adam" or "sgd". Any other Burn
+    /// optimizer (SGD with momentum, a user's own) through
+    /// [`Trainer::with_optimizers`](super::Trainer::with_optimizers).
+    pub optim: OptimizerType,
+    /// Peak learning rate. Default 5e-5.
     pub learning_rate: f64,
-    /// AdamW's decoupled weight decay (applied to every parameter). Default 0.0.
+    /// Weight decay, applied to every parameter: AdamW's decoupled decay, an L2 penalty for
+    /// Adam and SGD (as torch.optim's). Default 0.0.
     pub weight_decay: f64,
-    /// AdamW's beta1. Default 0.9.
+    /// Adam's and AdamW's beta1. Default 0.9.
     pub adam_beta1: f64,
-    /// AdamW's beta2. Default 0.999.
+    /// Adam's and AdamW's beta2. Default 0.999.
     pub adam_beta2: f64,
-    /// AdamW's epsilon. Default 1e-8 (Burn's own AdamW default is 1e-5).
+    /// Adam's and AdamW's epsilon. Default 1e-8 (Burn's own default is 1e-5).
     pub adam_epsilon: f64,
     /// Clip the global gradient norm to this value; 0 turns clipping off. Default 1.0.
     pub max_grad_norm: f64,
@@ -139,6 +144,7 @@ impl Default for TrainingArguments {
             max_steps: -1,
             per_device_train_batch_size: 8,
             per_device_eval_batch_size: 8,
+            optim: OptimizerType::AdamW,
             learning_rate: 5e-5,
             weight_decay: 0.0,
             adam_beta1: 0.9,

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::HfSchedule;
 use super::TrainerState;
 use crate::sharded_state::is_state_dir;
 use crate::{AccelerateError, StateParts};
@@ -97,16 +96,18 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 }
 
 /// The parts of a Trainer checkpoint, in their saved order.
-pub(crate) fn checkpoint_parts<'a, B, M, O>(
+pub(crate) fn checkpoint_parts<'a, B, M, O, L, S>(
     model: &'a mut M,
     optim: &'a mut O,
-    schedule: &'a mut HfSchedule,
+    schedule: &'a mut L,
     state: &'a mut TrainerState,
-) -> StateParts<'a, B>
+) -> StateParts<'a, B, S>
 where
     B: AutodiffBackend,
     M: burn::module::AutodiffModule<B> + 'static,
     O: burn::optim::Optimizer<M, B>,
+    L: burn::optim::lr_scheduler::LrScheduler,
+    S: afterburner_parallel::TrainingStrategy<B>,
 {
     StateParts::new()
         .model("model", model)

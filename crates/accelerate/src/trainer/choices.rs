@@ -127,3 +127,42 @@ impl FromStr for SchedulerType {
         }
     }
 }
+
+/// The optimizer `Trainer::new` builds (HF's `optim`); for any other, hand yours to
+/// [`Trainer::with_optimizers`](super::Trainer::with_optimizers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+pub enum OptimizerType {
+    /// AdamW (decoupled weight decay): "adamw", HF's "adamw_torch" (the default).
+    #[default]
+    AdamW,
+    /// Adam, `weight_decay` as an L2 penalty on the gradient (torch.optim.Adam's): "adam".
+    Adam,
+    /// Plain SGD, `weight_decay` as an L2 penalty: "sgd".
+    Sgd,
+}
+
+impl fmt::Display for OptimizerType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::AdamW => "adamw",
+            Self::Adam => "adam",
+            Self::Sgd => "sgd",
+        })
+    }
+}
+
+impl FromStr for OptimizerType {
+    type Err = UnknownValue;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "adamw" | "adamw_torch" => Ok(Self::AdamW),
+            "adam" => Ok(Self::Adam),
+            "sgd" => Ok(Self::Sgd),
+            _ => Err(UnknownValue {
+                given: s.into(),
+                valid: "adamw (adamw_torch), adam, sgd",
+            }),
+        }
+    }
+}

@@ -34,6 +34,7 @@ mod checkpoints;
 mod choices;
 mod cli;
 mod metrics;
+mod optim;
 mod output;
 mod run;
 mod schedule;
@@ -41,11 +42,12 @@ mod state;
 
 use std::sync::Arc;
 
+use afterburner_parallel::TrainingStrategy;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::module::AutodiffModule;
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig};
+use burn::optim::Optimizer;
+use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::InferenceStep;
@@ -56,13 +58,16 @@ pub use callbacks::{EarlyStopping, Flow, TrainerCallback};
 pub use checkpoints::{
     checkpoint_dir, checkpoints_to_delete, list_checkpoints, resolve_checkpoint,
 };
-pub use choices::{IntervalStrategy, LossNormalization, SchedulerType, UnknownValue};
+pub use choices::{
+    IntervalStrategy, LossNormalization, OptimizerType, SchedulerType, UnknownValue,
+};
 pub use metrics::{EvalMetric, MetricSet};
+pub use optim::{ArgsOptimizer, ArgsState, ArgsStateItem, HfOptimizer, optimizer_from_args};
 pub use schedule::HfSchedule;
 pub use state::{LogEntry, Metrics, TrainSummary, TrainerState};
 
 use crate::data::DataLoader;
-use crate::{AccelerateError, Accelerator};
+use crate::{AccelerateError, Accelerator, AnyStrategy};
 use metrics::ShardOf;
 use output::RunLog;
 
@@ -70,11 +75,16 @@ use output::RunLog;
 /// `acc.forward` (so the precision policy, activation checkpointing and FSDP's gathered view
 /// apply) and compute the loss from its output, exactly as in a hand-written Accelerator
 /// loop. Backward, loss scaling, accumulation and the optimizer step stay the Trainer's.
-pub trait TrainLoss<B: AutodiffBackend, Batch>: AutodiffModule<B> {
+///
+/// `S` is the Accelerator's strategy: the built-in [`AnyStrategy`] by default; implement the
+/// trait for every `S: TrainingStrategy<B>` to train under a user's strategy too.
+pub trait TrainLoss<B: AutodiffBackend, Batch, S: TrainingStrategy<B> = AnyStrategy<B>>:
+    AutodiffModule<B>
+{
     /// The loss of one training batch (a one-element tensor).
     fn train_loss(
         &self,
-        acc: &Accelerator<B>,
+        acc: &Accelerator<B, S>,
         batch: Batch,
     ) -> Result<Tensor<B, 1>, AccelerateError>;
 
@@ -83,7 +93,7 @@ pub trait TrainLoss<B: AutodiffBackend, Batch>: AutodiffModule<B> {
     /// say). The default is an error naming the setting.
     fn train_loss_sum(
         &self,
-        _acc: &Accelerator<B>,
+        _acc: &Accelerator<B, S>,
         _batch: Batch,
     ) -> Result<(Tensor<B, 1>, usize), AccelerateError> {
         Err(AccelerateError::argument(
@@ -100,13 +110,30 @@ type EvalModel<B, M> = <M as AutodiffModule<B>>::InnerModule;
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
 /// HF's `Trainer` for a Burn model `M` trained on batches `TB` (from items `I`) and
-/// evaluated on batches `EB` whose outputs `EO` feed the metrics.
-pub struct Trainer<B: AutodiffBackend, M: AutodiffModule<B>, I, TB, EB, EO> {
-    acc: Accelerator<B>,
+/// evaluated on batches `EB` whose outputs `EO` feed the metrics, stepped by the optimizer `O`
+/// and the LR scheduler `L` (by default the ones the arguments name: [`HfOptimizer`],
+/// [`HfSchedule`]; any Burn optimizer and scheduler through
+/// [`with_optimizers`](Self::with_optimizers)), spread over devices by the strategy `S` (the
+/// built-in [`AnyStrategy`], or a user's own through [`on`](Self::on) with an Accelerator of
+/// that strategy).
+pub struct Trainer<
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    I,
+    TB,
+    EB,
+    EO,
+    O = HfOptimizer<M, B>,
+    L = HfSchedule,
+    S: TrainingStrategy<B> = AnyStrategy<B>,
+> {
+    acc: Accelerator<B, S>,
     args: TrainingArguments,
     model: Option<M>,
-    optim: OptimizerAdaptor<AdamW, M, B>,
-    schedule: HfSchedule,
+    optim: O,
+    schedule: L,
+    /// The learning rate of the last optimizer step (logged as `learning_rate`).
+    last_lr: Option<f64>,
     train: DataLoader<B, I, TB>,
     /// This rank's share of the evaluation data (`None` when it has no item).
     eval: Option<DataLoader<Inner<B>, I, EB>>,
@@ -156,13 +183,25 @@ where
         let acc = Accelerator::new(args.accelerator_config(), Default::default())?;
         Self::on(acc, model, args, train_dataset, eval_dataset, batcher)
     }
+}
 
+impl<B, M, I, TB, EB, EO, S> Trainer<B, M, I, TB, EB, EO, HfOptimizer<M, B>, HfSchedule, S>
+where
+    B: AutodiffBackend,
+    M: TrainLoss<B, TB, S> + 'static,
+    EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
+    I: Send + Sync + 'static,
+    TB: Send + 'static,
+    EB: Send + 'static,
+    EO: Adaptor<LossInput<Inner<B>>> + 'static,
+    S: TrainingStrategy<B>,
+{
     /// A Trainer on this rank's Accelerator `acc` (from [`Accelerator::run`], `launch` or
     /// `launch_mpi` with `args.accelerator_config()`); every rank builds one and calls
     /// [`train`](Self::train). The training data is sharded like the Accelerator's loaders;
     /// each rank evaluates its share of `eval_dataset` and the metrics are combined exactly.
     pub fn on<D, E, Bt>(
-        acc: Accelerator<B>,
+        acc: Accelerator<B, S>,
         model: M,
         args: TrainingArguments,
         train_dataset: D,
@@ -183,12 +222,7 @@ where
                 "\"no\" when the evaluation dataset is empty",
             ));
         }
-        let optim = AdamWConfig::new()
-            .with_beta_1(args.adam_beta1 as f32)
-            .with_beta_2(args.adam_beta2 as f32)
-            .with_epsilon(args.adam_epsilon as f32)
-            .with_weight_decay(args.weight_decay as f32)
-            .init();
+        let optim = optimizer_from_args::<B, M>(&args);
         let model = acc.setup_model(model)?;
         let mut train = acc
             .dataloader(
@@ -247,6 +281,7 @@ where
             model: Some(model),
             optim,
             schedule,
+            last_lr: None,
             train,
             eval,
             epochs,
@@ -256,6 +291,53 @@ where
             log,
             saved_at: None,
         })
+    }
+}
+
+impl<B, M, I, TB, EB, EO, O, L, S> Trainer<B, M, I, TB, EB, EO, O, L, S>
+where
+    B: AutodiffBackend,
+    M: TrainLoss<B, TB, S> + 'static,
+    EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
+    I: Send + Sync + 'static,
+    TB: Send + 'static,
+    EB: Send + 'static,
+    EO: Adaptor<LossInput<Inner<B>>> + 'static,
+    O: Optimizer<M, B>,
+    L: LrScheduler,
+    S: TrainingStrategy<B>,
+{
+    /// This Trainer stepping with `optimizer` and `scheduler` instead of the ones the
+    /// arguments name, like HF's `Trainer(optimizers=(optimizer, scheduler))`: any Burn
+    /// optimizer (`SgdConfig::new().with_momentum(..).init()`, `AdamConfig`, a user's own)
+    /// and any Burn `LrScheduler`. The arguments' `optim`, `learning_rate`, the Adam
+    /// settings, `weight_decay`, `lr_scheduler_type` and the warmup are then not read (the
+    /// step count still is). Call it before training.
+    pub fn with_optimizers<O2, L2>(
+        self,
+        optimizer: O2,
+        scheduler: L2,
+    ) -> Trainer<B, M, I, TB, EB, EO, O2, L2, S>
+    where
+        O2: Optimizer<M, B>,
+        L2: LrScheduler,
+    {
+        Trainer {
+            acc: self.acc,
+            args: self.args,
+            model: self.model,
+            optim: optimizer,
+            schedule: scheduler,
+            last_lr: None,
+            train: self.train,
+            eval: self.eval,
+            epochs: self.epochs,
+            metrics: self.metrics,
+            callbacks: self.callbacks,
+            state: self.state,
+            log: self.log,
+            saved_at: self.saved_at,
+        }
     }
 
     /// Adds evaluation metrics: one burn-train metric or a tuple of them, e.g.
@@ -302,12 +384,12 @@ where
     }
 
     /// The trained model, and the Accelerator that holds its strategy.
-    pub fn into_parts(self) -> Result<(M, Accelerator<B>), AccelerateError> {
+    pub fn into_parts(self) -> Result<(M, Accelerator<B, S>), AccelerateError> {
         Ok((self.model.ok_or_else(lost_model)?, self.acc))
     }
 
     /// The Accelerator every step runs through.
-    pub fn accelerator(&self) -> &Accelerator<B> {
+    pub fn accelerator(&self) -> &Accelerator<B, S> {
         &self.acc
     }
 
@@ -321,8 +403,8 @@ where
         &self.state
     }
 
-    /// The learning-rate schedule.
-    pub fn schedule(&self) -> &HfSchedule {
+    /// The learning-rate scheduler.
+    pub fn schedule(&self) -> &L {
         &self.schedule
     }
 }
@@ -347,8 +429,8 @@ fn plan(args: &TrainingArguments, batches_per_epoch: usize) -> (usize, usize) {
 }
 
 /// Errors unless `acc` was built from `args.accelerator_config()` (in what training uses).
-fn check_same_config<B: AutodiffBackend>(
-    acc: &Accelerator<B>,
+fn check_same_config<B: AutodiffBackend, S: TrainingStrategy<B>>(
+    acc: &Accelerator<B, S>,
     args: &TrainingArguments,
 ) -> Result<(), AccelerateError> {
     let want = args.accelerator_config();

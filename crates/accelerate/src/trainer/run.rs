@@ -4,7 +4,10 @@
 use std::fs;
 use std::path::PathBuf;
 
+use afterburner_parallel::TrainingStrategy;
 use afterburner_precision::cast_module;
+use burn::optim::Optimizer;
+use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor, TensorData};
 use burn::train::InferenceStep;
@@ -29,15 +32,18 @@ enum At {
     EpochEnd,
 }
 
-impl<B, M, I, TB, EB, EO> Trainer<B, M, I, TB, EB, EO>
+impl<B, M, I, TB, EB, EO, O, L, S> Trainer<B, M, I, TB, EB, EO, O, L, S>
 where
     B: AutodiffBackend,
-    M: TrainLoss<B, TB> + 'static,
+    M: TrainLoss<B, TB, S> + 'static,
     EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
     I: Send + Sync + 'static,
     TB: Send + 'static,
     EB: Send + 'static,
     EO: Adaptor<LossInput<Inner<B>>> + 'static,
+    O: Optimizer<M, B>,
+    L: LrScheduler,
+    S: TrainingStrategy<B>,
 {
     /// Trains for `max_steps` optimizer steps (or `num_train_epochs` epochs), resuming first
     /// when `resume_from_checkpoint` is set; logs, evaluates and saves at the arguments'
@@ -92,8 +98,10 @@ where
                 }
                 let model = self.acc.step(model, &mut self.optim, &mut self.schedule)?;
                 self.model = Some(model);
-                if self.acc.last_step() == StepOutcome::Accumulating {
-                    continue;
+                match self.acc.last_step() {
+                    StepOutcome::Accumulating => continue,
+                    StepOutcome::Stepped { lr, .. } => self.last_lr = Some(lr),
+                    _ => {}
                 }
                 stepped = true;
                 self.state.global_step += 1;
@@ -258,11 +266,9 @@ where
         self.state.batches_since_log = 0;
         let mut values = Metrics::default();
         values.insert("loss", loss);
-        let taken = self.schedule.steps_taken();
-        values.insert(
-            "learning_rate",
-            self.schedule.lr_at(taken.saturating_sub(1)),
-        );
+        if let Some(lr) = self.last_lr {
+            values.insert("learning_rate", lr);
+        }
         if let StepOutcome::Stepped {
             grad_norm: Some(norm),
             ..

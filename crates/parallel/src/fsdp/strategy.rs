@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use burn::module::{AutodiffModule, Module};
+use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 
@@ -84,13 +85,22 @@ where
         Ok(total.into_scalar().elem::<f64>())
     }
 
-    fn after_optimizer_step<M: AutodiffModule<B>>(
+    fn after_optimizer_step<M, O>(
         &mut self,
         model: M,
+        _optimizer: &mut O,
         _step: u64,
-    ) -> Result<M, ParallelError> {
+    ) -> Result<M, ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
         self.after_step(&model)?;
         Ok(model)
+    }
+
+    fn averages_gradients(&self) -> bool {
+        true
     }
 
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
