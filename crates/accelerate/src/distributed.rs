@@ -75,7 +75,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         worker: F,
     ) -> Result<R, AccelerateError>
     where
-        F: FnOnce(Accelerator<B, S>) -> Result<R, AccelerateError>,
+        F: FnOnce(Accelerator<B>) -> Result<R, AccelerateError>,
     {
         config.validate()?;
         let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
