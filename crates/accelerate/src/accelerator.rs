@@ -3,25 +3,23 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
-use afterburner_parallel::{Counted, Traffic, TrainingStrategy};
+use afterburner_parallel::{ParallelStrategy, Traffic};
 use afterburner_precision::grads::{self, GradSummary};
-use afterburner_precision::{
-    GradScaler, Precision, cast_module, materialize_params, promotes_dtypes,
-};
+use afterburner_precision::{Precision, PrecisionPlugin};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
-use burn::module::{AutodiffModule, ParamId};
+use burn::module::AutodiffModule;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
 use crate::data::{DataLoader, DataProgress};
-use crate::distributed::Group;
+use crate::group::{Group, counted};
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
 use crate::strategy::AnyStrategy;
-use crate::{AccelerateError, AcceleratorConfig, AutocastMode, NonFinitePolicy, Strategy};
+use crate::{AccelerateError, AcceleratorConfig, NonFinitePolicy, Strategy};
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
@@ -44,13 +42,14 @@ const BLOCK_SEED_DOMAIN: u64 = 0xB10C;
 /// }
 /// ```
 ///
-/// `S` is the [`TrainingStrategy`]: by default [`AnyStrategy`], the built-in one the config's
+/// `S` is the [`ParallelStrategy`]: by default [`AnyStrategy`], the built-in one the config's
 /// `strategy` names; a strategy of your own (any type implementing the trait, in your crate)
 /// comes in through [`with_strategy`](Self::with_strategy) or [`run_with`](Self::run_with).
-pub struct Accelerator<B: AutodiffBackend, S: TrainingStrategy<B> = AnyStrategy<B>> {
+pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<B>> {
     pub(crate) config: AcceleratorConfig,
     pub(crate) device: B::Device,
-    pub(crate) scaler: Option<GradScaler>,
+    /// The precision policy with its loss scaler (beside the strategy: the loop asks both).
+    pub(crate) precision: PrecisionPlugin<B>,
     pub(crate) counters: Counters,
     pub(crate) progress: Arc<Mutex<DataProgress>>,
     pub(crate) pending: Option<GradientsParams>,
@@ -65,9 +64,6 @@ pub struct Accelerator<B: AutodiffBackend, S: TrainingStrategy<B> = AnyStrategy<
     pub(crate) synced: bool,
     /// What this rank sent through collectives.
     pub(crate) traffic: Traffic,
-    /// Float state shared between clones of the set-up models (BatchNorm's running
-    /// statistics): the half view leaves it as it is.
-    pub(crate) shared_state: Mutex<Vec<ParamId>>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -99,13 +95,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 }
 
-/// `group` with what it sends counted in `traffic`.
-pub(crate) fn counted<B: AutodiffBackend>(group: Group<B>, traffic: &Traffic) -> Group<B> {
-    Box::new(Counted::new(group, traffic.clone()))
-}
-
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
-    /// An Accelerator that trains with `strategy`, a [`TrainingStrategy`] of your own (or a
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
+    /// An Accelerator that trains with `strategy`, a [`ParallelStrategy`] of your own (or a
     /// built-in one built by hand), like Fabric's `Fabric(strategy=MyStrategy())`. The
     /// config's `strategy`, `devices` and strategy tables are not read: the strategy is
     /// yours (build it over the process group of this rank, e.g. inside
@@ -126,28 +117,12 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
         strategy: S,
         traffic: Traffic,
     ) -> Result<Self, AccelerateError> {
-        config.precision.check_backend::<B>(&device)?;
-        if config.autocast == AutocastMode::Op && !promotes_dtypes::<B>(&device) {
-            return Err(AccelerateError::invalid(
-                "autocast",
-                config.autocast,
-                "\"view\" or \"auto\" on this backend; \"op\" needs it wrapped as \
-                 Autodiff<afterburner::Autocast<B>>",
-            ));
-        }
-        if config.precision.is_emulated_on::<B>(&device) {
-            tracing::warn!(
-                precision = %config.precision,
-                backend = B::name(&device),
-                "this backend emulates half precision (it converts every op to f32 and back): \
-                 expect 2-3.5x slower steps than 32-true; the half modes pay off on GPUs"
-            );
-        }
-        let scaler = if config.precision.needs_loss_scaling() {
-            Some(GradScaler::new(config.grad_scaler)?)
-        } else {
-            None
-        };
+        let precision = PrecisionPlugin::new(
+            config.precision,
+            config.autocast,
+            config.grad_scaler,
+            &device,
+        )?;
         if config.gradient_checkpointing == CheckpointPolicy::Balanced
             && !afterburner_checkpoint::is_balanced::<B>()
         {
@@ -172,7 +147,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
         Ok(Self {
             config,
             device,
-            scaler,
+            precision,
             counters: Counters::default(),
             progress: Arc::default(),
             pending: None,
@@ -183,7 +158,6 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
             strategy,
             synced: false,
             traffic,
-            shared_state: Mutex::new(Vec::new()),
         })
     }
 
@@ -200,6 +174,12 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     /// The precision policy.
     pub fn precision(&self) -> Precision {
         self.config.precision
+    }
+
+    /// The precision plugin this Accelerator trains with (the policy, the per-op vs view
+    /// decision, the loss scaler).
+    pub fn precision_plugin(&self) -> &PrecisionPlugin<B> {
+        &self.precision
     }
 
     /// The strategy this Accelerator trains with (built from the config's `strategy`, or
@@ -223,18 +203,8 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
 
     /// The model half of [`setup`](Self::setup).
     pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
-        let model = self.to_param_dtype(model.fork(&self.device));
-        self.check_shared_state(&model)?;
+        let model = self.precision.prepare_model(model.fork(&self.device))?;
         Ok(self.strategy.setup(model)?)
-    }
-
-    /// Initialises lazy parameters and casts them to the policy's parameter dtype.
-    pub(crate) fn to_param_dtype<M: AutodiffModule<B>>(&self, model: M) -> M {
-        materialize_params(&model);
-        match self.config.precision.param_dtype() {
-            DType::F32 => model,
-            half => cast_module(model, half),
-        }
     }
 
     /// A training loader over any Burn `dataset` and `batcher` on this device, shuffled from
@@ -279,10 +249,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
                 "backward() after clip_grad_norm() in the same cycle: call step() first".into(),
             ));
         }
-        let mut loss = loss.cast(DType::F32);
-        if let Some(scaler) = &self.scaler {
-            loss = scaler.scale_loss(loss);
-        }
+        let mut loss = self.precision.scale_loss(loss.cast(DType::F32));
         let steps = self.config.gradient_accumulation_steps;
         if steps > 1 {
             loss = loss.div_scalar(steps as f64);
@@ -366,11 +333,12 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
             None => false,
         };
         let mut grads = self.pending.take().unwrap_or_default();
-        let skip = match self.scaler.is_some() || guard != NonFinitePolicy::Apply {
+        let gated = self.precision.skips_overflow();
+        let skip = match gated || guard != NonFinitePolicy::Apply {
             true => self.strategy.agree_on_skip(overflow, &self.device)?,
             false => false,
         };
-        if skip && self.scaler.is_none() {
+        if skip && !gated {
             let norm = summary.map_or(f64::NAN, |s| s.norm());
             self.end_cycle();
             if guard == NonFinitePolicy::Error {
@@ -385,13 +353,11 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
             tracing::warn!(grad_norm = norm, "non-finite gradients: step skipped");
             return Ok(model);
         }
-        if let Some(scaler) = &mut self.scaler
-            && skip
-        {
-            scaler.update(true);
+        if skip {
+            self.precision.update(true);
             self.counters.skipped_steps += 1;
             self.last = StepOutcome::SkippedOverflow {
-                loss_scale: scaler.scale(),
+                loss_scale: self.precision.loss_scale().unwrap_or(f64::NAN),
             };
             self.end_cycle();
             return Ok(model);
@@ -407,9 +373,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
         let model = optimizer.step(lr, model, grads);
         let step = self.counters.optimizer_steps + 1;
         let model = self.strategy.after_optimizer_step(model, optimizer, step)?;
-        if let Some(scaler) = &mut self.scaler {
-            scaler.update(false);
-        }
+        self.precision.update(false);
         self.counters.optimizer_steps += 1;
         self.last = StepOutcome::Stepped {
             lr,
@@ -457,7 +421,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
 
     /// The current fp16 loss scale (`None` unless the precision is "16-mixed").
     pub fn loss_scale(&self) -> Option<f64> {
-        self.scaler.as_ref().map(GradScaler::scale)
+        self.precision.loss_scale()
     }
 
     /// `(epoch, batch)` where the training loader should continue (after a resume too).

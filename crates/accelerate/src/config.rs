@@ -3,6 +3,7 @@
 use afterburner_checkpoint::CheckpointPolicy;
 use afterburner_localsgd::{DiLoCoConfig, LocalSgdConfig};
 use afterburner_parallel::FsdpConfig;
+pub use afterburner_precision::AutocastMode;
 use afterburner_precision::{GradScalerConfig, Precision};
 use std::fmt;
 use std::str::FromStr;
@@ -96,45 +97,6 @@ impl Default for ProjectConfig {
         Self {
             dir: None,
             keep_last: 2,
-        }
-    }
-}
-
-/// How the mixed precisions run the forward (see [`AcceleratorConfig::autocast`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
-pub enum AutocastMode {
-    /// "op" where the backend has `Autocast`, "view" otherwise.
-    #[default]
-    Auto,
-    /// Per op, inside an `autocast_ops` scope (needs `Autodiff<Autocast<B>>`).
-    Op,
-    /// A half view of the model: every op of the forward in half.
-    View,
-}
-
-impl fmt::Display for AutocastMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::Op => "op",
-            Self::View => "view",
-        })
-    }
-}
-
-impl FromStr for AutocastMode {
-    type Err = AccelerateError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "op" => Ok(Self::Op),
-            "view" => Ok(Self::View),
-            _ => Err(AccelerateError::invalid(
-                "autocast",
-                s,
-                "one of: auto, op, view",
-            )),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! across ranks, and the gradient and parameter exchanges `step` asks for.
 
 use afterburner_parallel::{
-    Fsdp, LaunchConfig, OptimizerSharding, ProcessGroup, ReduceOp, Traffic, TrainingStrategy,
+    Fsdp, LaunchConfig, OptimizerSharding, ParallelStrategy, ReduceOp, Traffic,
 };
 use afterburner_precision::grads::GradSummary;
 use burn::data::dataloader::batcher::Batcher;
@@ -11,12 +11,9 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::accelerator::counted;
 use crate::data::DataLoader;
+use crate::group::{Group, counted};
 use crate::{AccelerateError, Accelerator, AcceleratorConfig, AnyStrategy};
-
-/// The process group of a distributed Accelerator, on the training backend's inner backend.
-pub type Group<B> = Box<dyn ProcessGroup<<B as AutodiffBackend>::InnerBackend>>;
 
 impl<B: AutodiffBackend> Accelerator<B> {
     /// One rank of a data-parallel run over `group` (any engine); [`launch`](Self::launch)
@@ -117,7 +114,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     }
 }
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// [`run`](Accelerator::run) with a strategy of your own: `make_strategy` builds each
     /// rank's strategy from that rank's process group (`None` when `config.devices` is 1),
     /// on the rank's own thread. The config's `strategy` and its tables are not read; its

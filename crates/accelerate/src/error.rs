@@ -10,7 +10,7 @@ use thiserror::Error;
 pub enum AccelerateError {
     /// A precision problem (bad string, unsupported dtype, bad scaler setting).
     #[error(transparent)]
-    Precision(#[from] PrecisionError),
+    Precision(PrecisionError),
     /// An activation-checkpointing problem (bad policy, policy and backend disagree).
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
@@ -181,6 +181,25 @@ fn saved_to(saved: &Option<PathBuf>) -> String {
         .as_ref()
         .map(|dir| format!(", state saved to {} (resume from it)", dir.display()))
         .unwrap_or_default()
+}
+
+impl From<PrecisionError> for AccelerateError {
+    /// A precision setting out of range is a config field out of range, as the facade reports
+    /// every other one.
+    fn from(error: PrecisionError) -> Self {
+        match error {
+            PrecisionError::InvalidSetting {
+                field,
+                value,
+                expected,
+            } => Self::InvalidConfig {
+                field,
+                value,
+                expected,
+            },
+            other => Self::Precision(other),
+        }
+    }
 }
 
 impl AccelerateError {

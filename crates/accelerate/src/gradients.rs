@@ -1,14 +1,14 @@
 //! The Accelerator's gradient side between backward and the optimizer step: unscaling
 //! (once per cycle), rescaling, global-norm clipping and the non-finite check.
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 use afterburner_precision::grads::{self, GradSummary};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::{AccelerateError, Accelerator};
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Unscales the pending gradients (once per cycle) and returns their summary when a norm
     /// was needed. The accumulation mean is corrected for a cycle cut short by an epoch end.
     pub(crate) fn unscale_pending<M: AutodiffModule<B>>(
@@ -24,15 +24,8 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
         };
         let short_cycle =
             self.config.gradient_accumulation_steps as f64 / self.micro_in_cycle as f64;
-        let summary = match &self.scaler {
-            Some(scaler) => scaler.unscale::<B, M>(model, grads, short_cycle),
-            None if want_norm => grads::scale_and_norm::<B, M>(model, grads, short_cycle),
-            None => {
-                if short_cycle != 1.0 {
-                    grads::scale::<B, M>(model, grads, short_cycle);
-                }
-                return Ok(None);
-            }
+        let Some(summary) = self.precision.unscale(model, grads, short_cycle, want_norm) else {
+            return Ok(None);
         };
         let summary = self.summary_over_ranks(summary)?;
         self.unscaled = Some(summary);

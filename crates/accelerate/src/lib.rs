@@ -38,8 +38,10 @@ mod distributed;
 mod error;
 mod forward;
 mod gradients;
+mod group;
 mod outcome;
 mod parts;
+mod record;
 mod rotation;
 mod sharded_state;
 mod state;
@@ -55,14 +57,16 @@ pub use afterburner_checkpoint as checkpoint;
 pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
 pub use afterburner_localsgd as localsgd;
 pub use afterburner_parallel as parallel;
+#[doc(hidden)]
+pub use afterburner_parallel::TrainingStrategy;
 pub use afterburner_parallel::rng;
 pub use afterburner_parallel::{
-    AutoWrapPolicy, FsdpConfig, ShardingStrategy, StateDictType, TrainingStrategy,
+    AutoWrapPolicy, FsdpConfig, ParallelStrategy, ShardingStrategy, StateDictType,
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::{Autocast, Precision};
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig, Strategy};
-pub use distributed::Group;
 pub use error::AccelerateError;
+pub use group::Group;
 pub use parts::{StateParts, Stateful};
 pub use strategy::AnyStrategy;

@@ -5,10 +5,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::sharded_state::is_state_dir;
+use crate::state_files::is_state_dir;
 use crate::state_files::{holds_only_state_files, unique_sibling};
 use crate::{AccelerateError, Accelerator, StateParts};
 
@@ -18,7 +18,7 @@ const PREFIX: &str = "checkpoint_";
 /// Checkpoint numbers at or above this are ignored (never written, never deleted).
 const MAX_NUMBER: u64 = 1 << 48;
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Saves `parts` like [`save_parts`](Self::save_parts) to the next numbered directory,
     /// `<project.dir>/checkpoints/checkpoint_<n>` (n from 0, one more than the highest there),
     /// then deletes the oldest checkpoints beyond `project.keep_last`: only once the new one

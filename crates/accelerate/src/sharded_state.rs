@@ -6,21 +6,19 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::{ReduceOp, TrainingStrategy};
+use afterburner_parallel::{ParallelStrategy, ReduceOp};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 
 use crate::parts::StateParts;
 use crate::state::AcceleratorState;
 use crate::state_files::{
-    holds_only_state_files, is_our_state_dir, new_staging_dir, swap_into_place, write_state_files,
+    RANK_PREFIX, holds_only_rank_states, is_our_state_dir, is_rank_dir_name, new_staging_dir,
+    swap_into_place, write_state_files,
 };
 use crate::{AccelerateError, Accelerator};
 
-/// Directory name prefix of one rank's part of a sharded state.
-const RANK_PREFIX: &str = "rank-";
-
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Saves a sharded state by a two-phase commit: rank 0 creates a staging directory next
     /// to `dir`; every rank writes its part into it; the ranks vote; only if every part is
     /// written does rank 0 swap the staging directory in place of `dir` (one rename). A
@@ -258,49 +256,4 @@ pub(crate) fn saved_rank_dirs(dir: &Path) -> Vec<PathBuf> {
         true => found.into_iter().map(|(_, _, path)| path).collect(),
         false => Vec::new(),
     }
-}
-
-/// Whether `dir` holds nothing but rank directories afterburner wrote (and an older version's
-/// leftovers, `.rank-*` directories of state files): a sharded state of ours.
-pub(crate) fn holds_only_rank_states(dir: &Path) -> bool {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return false;
-    };
-    entries.flatten().all(|entry| {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        match name.strip_prefix('.') {
-            None => is_rank_dir_name(&name) && is_our_state_dir(&entry.path()),
-            Some(hidden) => {
-                hidden.starts_with(RANK_PREFIX)
-                    && entry.file_type().is_ok_and(|t| t.is_dir())
-                    && holds_only_state_files(&entry.path())
-            }
-        }
-    })
-}
-
-/// Whether `name` is a rank directory's name, `rank-<5 digits>-of-<5 digits>`.
-pub(crate) fn is_rank_dir_name(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix(RANK_PREFIX) else {
-        return false;
-    };
-    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
-    rest.split_once("-of-")
-        .is_some_and(|(rank, world)| digits(rank) && digits(world))
-}
-
-/// Whether `dir` holds a complete afterburner state: a manifest of its own (a replicated or
-/// gathered save) or rank directories with manifests (a sharded one).
-pub(crate) fn is_state_dir(dir: &Path) -> bool {
-    if is_our_state_dir(dir) {
-        return true;
-    }
-    let Ok(entries) = fs::read_dir(dir) else {
-        return false;
-    };
-    let mut ranks = entries
-        .flatten()
-        .filter(|e| is_rank_dir_name(&e.file_name().to_string_lossy()))
-        .peekable();
-    ranks.peek().is_some() && ranks.all(|e| is_our_state_dir(&e.path()))
 }

@@ -16,12 +16,11 @@
 
 use std::path::Path;
 
-use afterburner_parallel::{StateLayout, StrategyState, TrainingStrategy};
-use afterburner_precision::{GradScaler, GradScalerState, Precision};
+use afterburner_parallel::{ParallelStrategy, StateLayout, StrategyState};
+use afterburner_precision::{GradScalerState, Precision};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
-use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
@@ -37,8 +36,6 @@ use crate::{AccelerateError, Accelerator, NonFinitePolicy};
 pub(crate) const ACCELERATOR_FILE: &str = "accelerator.json";
 /// The strategy's own state (DiLoCo's global parameters, ...), when it keeps any.
 const STRATEGY_FILE: &str = "strategy.mpk";
-
-type StateRecorder = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
 /// A state directory's files: (file name, bytes).
 pub(crate) type StateFiles = Vec<(String, Vec<u8>)>;
@@ -76,7 +73,7 @@ fn classic_parts<'a, B, S, M, O, L>(
 ) -> StateParts<'a, B, S>
 where
     B: AutodiffBackend,
-    S: TrainingStrategy<B>,
+    S: ParallelStrategy<B>,
     M: AutodiffModule<B> + 'static,
     O: Optimizer<M, B>,
     L: LrScheduler,
@@ -87,7 +84,7 @@ where
         .scheduler("scheduler", scheduler)
 }
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Saves model, optimizer, LR scheduler, loss scaler, counters, seed and data position to
     /// `dir` (the parts `model`, `optimizer`, `scheduler`; use
     /// [`save_parts`](Self::save_parts) for more), replacing an earlier state there
@@ -248,17 +245,16 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
             .try_for_each(|(_, slot)| slot.prepare_load(self, mode));
         let staged = prepared
             .and_then(|()| self.stage_parts(&source, mode, parts, &mut files, &state))
-            .and_then(|scaler| Ok((scaler, self.stage_own_state(&source, &mut files)?)));
+            .and_then(|()| self.stage_own_state(&source, &mut files));
         self.all_ranks_succeeded(&staged, "load_state")?;
-        let (scaler, own) = staged?;
+        let own = staged?;
         for (_, slot) in parts.parts.iter_mut() {
             slot.commit(self, mode)?;
         }
         if let Some(own) = own {
             self.strategy.load_own_state(own);
         }
-        self.restore(state, scaler);
-        Ok(())
+        self.restore(state)
     }
 
     /// The strategy's own saved state, decoded and checked (`None` if the save has none).
@@ -280,8 +276,8 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
         Ok(Some(own))
     }
 
-    /// Decodes every part (models first), changing nothing visible; returns the loss scaler
-    /// to restore.
+    /// Decodes every part (models first) and checks the loss scaler's state, changing nothing
+    /// visible.
     fn stage_parts(
         &self,
         source: &Path,
@@ -289,7 +285,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
         parts: &mut StateParts<'_, B, S>,
         files: &mut Vec<(String, Vec<u8>)>,
         state: &AcceleratorState,
-    ) -> Result<Option<GradScaler>, AccelerateError> {
+    ) -> Result<(), AccelerateError> {
         let models = parts.parts.iter().filter(|(_, s)| s.is_model()).count();
         let (model_parts, other_parts) = parts.parts.split_at_mut(models);
         for (name, slot) in model_parts.iter_mut() {
@@ -308,11 +304,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
             )
             .map_err(|e| named(name, e))?;
         }
-        let mut scaler = self.scaler.clone();
-        if let (Some(scaler), Some(saved)) = (&mut scaler, state.scaler) {
-            scaler.load_state(saved)?;
-        }
-        Ok(scaler)
+        Ok(self.precision.check_scaler_state(state.scaler)?)
     }
 
     /// The verified files of the state at `dir` and the Accelerator's part; errors on a part
@@ -377,7 +369,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
             precision: self.config.precision,
             seed: self.config.seed,
             counters: self.counters,
-            scaler: self.scaler.as_ref().map(|s| s.state()),
+            scaler: self.precision.scaler_state(),
             data: *self
                 .progress
                 .lock()
@@ -417,7 +409,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
     }
 
     /// Gives the Accelerator the loaded counters, loss scaler, seed and data position.
-    fn restore(&mut self, state: AcceleratorState, scaler: Option<GradScaler>) {
+    fn restore(&mut self, state: AcceleratorState) -> Result<(), AccelerateError> {
         if state.precision != self.config.precision {
             tracing::warn!(saved = %state.precision, now = %self.config.precision, "resuming under another precision");
         }
@@ -428,7 +420,8 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
                 "resuming with the saved seed"
             );
         }
-        self.scaler = scaler;
+        // Checked in stage_parts, before any part was committed.
+        self.precision.load_scaler_state(state.scaler)?;
         self.config.seed = state.seed;
         self.counters = state.counters;
         *self
@@ -436,6 +429,7 @@ impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = state.data;
         self.reseed();
+        Ok(())
     }
 }
 
@@ -458,26 +452,4 @@ fn take_file(files: &mut Vec<(String, Vec<u8>)>, name: &str) -> Vec<u8> {
         Some(i) => files.swap_remove(i).1,
         None => Vec::new(),
     }
-}
-
-/// Encodes a record the way state files hold it.
-pub(crate) fn encode<B: AutodiffBackend, R: burn::record::Record<B>>(
-    record: R,
-) -> Result<Vec<u8>, AccelerateError> {
-    Recorder::<B>::record(&StateRecorder::default(), record, ()).map_err(|e| {
-        AccelerateError::InvalidPart {
-            part: String::new(),
-            reason: format!("encoding: {e}"),
-        }
-    })
-}
-
-/// Decodes a record the way state files hold it (`path` names it in errors).
-pub(crate) fn decode_record<B: AutodiffBackend, R: burn::record::Record<B>>(
-    bytes: Vec<u8>,
-    device: &B::Device,
-    path: &Path,
-) -> Result<R, AccelerateError> {
-    Recorder::<B>::load(&StateRecorder::default(), bytes, device)
-        .map_err(|e| AccelerateError::corrupt(path, e))
 }

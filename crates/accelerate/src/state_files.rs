@@ -10,11 +10,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::AccelerateError;
-use crate::sharded_state::{holds_only_rank_states, is_rank_dir_name, is_state_dir};
 
 const FORMAT: &str = "afterburner-state-v1";
 /// Written last; a directory holding it is a state directory.
 pub(crate) const MANIFEST: &str = "manifest.json";
+/// Directory name prefix of one rank's part of a sharded state.
+pub(crate) const RANK_PREFIX: &str = "rank-";
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Manifest {
@@ -393,4 +394,49 @@ fn read_regular(
         return Err(AccelerateError::corrupt(path, "changed while it was read"));
     }
     Ok(bytes)
+}
+
+/// Whether `dir` holds nothing but rank directories afterburner wrote (and an older version's
+/// leftovers, `.rank-*` directories of state files): a sharded state of ours.
+pub(crate) fn holds_only_rank_states(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().all(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name.strip_prefix('.') {
+            None => is_rank_dir_name(&name) && is_our_state_dir(&entry.path()),
+            Some(hidden) => {
+                hidden.starts_with(RANK_PREFIX)
+                    && entry.file_type().is_ok_and(|t| t.is_dir())
+                    && holds_only_state_files(&entry.path())
+            }
+        }
+    })
+}
+
+/// Whether `name` is a rank directory's name, `rank-<5 digits>-of-<5 digits>`.
+pub(crate) fn is_rank_dir_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(RANK_PREFIX) else {
+        return false;
+    };
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    rest.split_once("-of-")
+        .is_some_and(|(rank, world)| digits(rank) && digits(world))
+}
+
+/// Whether `dir` holds a complete afterburner state: a manifest of its own (a replicated or
+/// gathered save) or rank directories with manifests (a sharded one).
+pub(crate) fn is_state_dir(dir: &Path) -> bool {
+    if is_our_state_dir(dir) {
+        return true;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return false;
+    };
+    let mut ranks = entries
+        .flatten()
+        .filter(|e| is_rank_dir_name(&e.file_name().to_string_lossy()))
+        .peekable();
+    ranks.peek().is_some() && ranks.all(|e| is_our_state_dir(&e.path()))
 }

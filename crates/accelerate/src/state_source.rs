@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::{StateLayout, TrainingStrategy};
+use afterburner_parallel::{ParallelStrategy, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::parts::{Mode, StateParts, part_file};
@@ -17,7 +17,7 @@ use crate::{AccelerateError, Accelerator};
 /// state, and the saved ranks to merge (see `Accelerator::state_source`).
 pub(crate) type StateSource = (PathBuf, Mode, bool, Vec<PathBuf>);
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Where this rank reads a state from, whether it is a gathered (full) one, whether it
     /// is this rank's own part of a sharded one, and the saved ranks' directories to merge
     /// when a per-rank state of another world size loads by merging (ZeRO-1; empty

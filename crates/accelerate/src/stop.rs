@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 use burn::tensor::backend::AutodiffBackend;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -46,7 +46,7 @@ pub(crate) fn install() -> Result<(), AccelerateError> {
         .map_err(AccelerateError::Usage)
 }
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Accelerator<B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Whether a stop was asked for (`stop_on_signal` and a SIGTERM or SIGINT received) on any
     /// rank: every rank gets the same answer at the same call, so all stop at the same step
     /// (one small all-reduce when distributed; call it once per optimizer step). Always false

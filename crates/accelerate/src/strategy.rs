@@ -1,18 +1,18 @@
 //! The one place the facade knows its strategies: [`AnyStrategy`] is built from the config and
 //! forwards every phase to the strategy it holds. The Accelerator only ever talks to it through
-//! [`TrainingStrategy`]; adding a strategy means a variant here and a line in each `match`.
+//! [`ParallelStrategy`]; adding a strategy means a variant here and a line in each `match`.
 
 use afterburner_localsgd::{DiLoCo, LocalSgd};
 use afterburner_parallel::{
-    Ddp, ForwardView, Fsdp, OptimizerSharding, ParallelError, ProcessGroup, ShardingStrategy,
-    SharedGroup, SingleDevice, StateLayout, StrategyState, TrainingStrategy, Zero1,
+    Ddp, ForwardView, Fsdp, OptimizerSharding, ParallelError, ParallelStrategy, ProcessGroup,
+    ShardingStrategy, SharedGroup, SingleDevice, StateLayout, StrategyState, Zero1,
 };
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::distributed::Group;
+use crate::group::Group;
 use crate::{AccelerateError, AcceleratorConfig, Strategy};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -111,29 +111,29 @@ macro_rules! dispatch {
     };
 }
 
-impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
+impl<B: AutodiffBackend> ParallelStrategy<B> for AnyStrategy<B> {
     fn name(&self) -> &'static str {
-        dispatch!(self, s => TrainingStrategy::<B>::name(s))
+        dispatch!(self, s => ParallelStrategy::<B>::name(s))
     }
 
     fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
-        dispatch!(self, s => TrainingStrategy::<B>::group(s))
+        dispatch!(self, s => ParallelStrategy::<B>::group(s))
     }
 
     fn rank(&self) -> usize {
-        dispatch!(self, s => TrainingStrategy::<B>::rank(s))
+        dispatch!(self, s => ParallelStrategy::<B>::rank(s))
     }
 
     fn world_size(&self) -> usize {
-        dispatch!(self, s => TrainingStrategy::<B>::world_size(s))
+        dispatch!(self, s => ParallelStrategy::<B>::world_size(s))
     }
 
     fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::agree_on_skip(s, skip, device))
+        dispatch!(self, s => ParallelStrategy::<B>::agree_on_skip(s, skip, device))
     }
 
     fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::setup(s, model))
+        dispatch!(self, s => ParallelStrategy::<B>::setup(s, model))
     }
 
     fn forward_view<M: Module<B>>(
@@ -145,7 +145,7 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
     }
 
     fn after_backward(&self) -> Result<(), ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::after_backward(s))
+        dispatch!(self, s => ParallelStrategy::<B>::after_backward(s))
     }
 
     fn reduce_gradients<M: AutodiffModule<B>>(
@@ -157,7 +157,7 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
     }
 
     fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::global_squared_norm(s, local, device))
+        dispatch!(self, s => ParallelStrategy::<B>::global_squared_norm(s, local, device))
     }
 
     fn before_optimizer_step<M: AutodiffModule<B>>(
@@ -182,51 +182,51 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
     }
 
     fn gradient_all_reduces(&self) -> u64 {
-        dispatch!(self, s => TrainingStrategy::<B>::gradient_all_reduces(s))
+        dispatch!(self, s => ParallelStrategy::<B>::gradient_all_reduces(s))
     }
 
     fn parameter_syncs(&self) -> u64 {
-        dispatch!(self, s => TrainingStrategy::<B>::parameter_syncs(s))
+        dispatch!(self, s => ParallelStrategy::<B>::parameter_syncs(s))
     }
 
     fn averages_gradients(&self) -> bool {
-        dispatch!(self, s => TrainingStrategy::<B>::averages_gradients(s))
+        dispatch!(self, s => ParallelStrategy::<B>::averages_gradients(s))
     }
 
     fn own_state(&self) -> Result<StrategyState, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::own_state(s))
+        dispatch!(self, s => ParallelStrategy::<B>::own_state(s))
     }
 
     fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::check_own_state(s, state))
+        dispatch!(self, s => ParallelStrategy::<B>::check_own_state(s, state))
     }
 
     fn load_own_state(&mut self, state: StrategyState) {
-        dispatch!(self, s => TrainingStrategy::<B>::load_own_state(s, state))
+        dispatch!(self, s => ParallelStrategy::<B>::load_own_state(s, state))
     }
 
     fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::finish(s, model, steps))
+        dispatch!(self, s => ParallelStrategy::<B>::finish(s, model, steps))
     }
 
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::full_model(s, model))
+        dispatch!(self, s => ParallelStrategy::<B>::full_model(s, model))
     }
 
     fn state_layout(&self) -> StateLayout {
-        dispatch!(self, s => TrainingStrategy::<B>::state_layout(s))
+        dispatch!(self, s => ParallelStrategy::<B>::state_layout(s))
     }
 
     fn loads_full_state(&self) -> bool {
-        dispatch!(self, s => TrainingStrategy::<B>::loads_full_state(s))
+        dispatch!(self, s => ParallelStrategy::<B>::loads_full_state(s))
     }
 
     fn merges_rank_states(&self) -> bool {
-        dispatch!(self, s => TrainingStrategy::<B>::merges_rank_states(s))
+        dispatch!(self, s => ParallelStrategy::<B>::merges_rank_states(s))
     }
 
     fn saved_models_are_shards(&self) -> bool {
-        dispatch!(self, s => TrainingStrategy::<B>::saved_models_are_shards(s))
+        dispatch!(self, s => ParallelStrategy::<B>::saved_models_are_shards(s))
     }
 
     fn join_saved_models<M: AutodiffModule<B>>(&self, saved: Vec<M>) -> Result<M, ParallelError> {
@@ -238,7 +238,7 @@ impl<B: AutodiffBackend> TrainingStrategy<B> for AnyStrategy<B> {
         records: &[(Vec<u8>, std::collections::HashMap<String, usize>)],
         ids: &[String],
     ) -> Result<Vec<u8>, ParallelError> {
-        dispatch!(self, s => TrainingStrategy::<B>::join_saved_optimizer_records(s, records, ids))
+        dispatch!(self, s => ParallelStrategy::<B>::join_saved_optimizer_records(s, records, ids))
     }
 
     fn gather_optimizer_record<M: AutodiffModule<B>>(

@@ -6,7 +6,7 @@ mod common;
 
 use afterburner::demos::models::Vit;
 use afterburner::demos::{ImageDataset, digits};
-use afterburner::parallel::{ParallelError, ProcessGroup, ReduceOp, TrainingStrategy};
+use afterburner::parallel::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp};
 use afterburner::trainer::{
     HfSchedule, IntervalStrategy, OptimizerType, SchedulerType, TrainLoss, Trainer,
     TrainingArguments,
@@ -204,7 +204,7 @@ impl ModuleVisitor<B> for MeanGrads<'_> {
     }
 }
 
-impl TrainingStrategy<B> for MeanPerTensor {
+impl ParallelStrategy<B> for MeanPerTensor {
     fn name(&self) -> &'static str {
         "mean-per-tensor"
     }
@@ -260,7 +260,7 @@ impl TrainingStrategy<B> for MeanPerTensor {
 /// and the strategy's step count.
 fn two_ranks<S, MS>(config: AcceleratorConfig, make: MS) -> Vec<(Vec<f32>, u64)>
 where
-    S: TrainingStrategy<B> + StepsSeen,
+    S: ParallelStrategy<B> + StepsSeen,
     MS: Fn(Option<Group<B>>) -> Result<S, AccelerateError> + Send + Sync + 'static,
 {
     let model = vit(9);

@@ -29,7 +29,7 @@ use burn::tensor::FloatDType;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 
-use crate::engine::{BlockFn, Job};
+use crate::job::{BlockFn, Job};
 use crate::scope::{self, ReplayContext};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;

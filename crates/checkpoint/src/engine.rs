@@ -13,18 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 
 use crate::autodiff;
-
-/// Runs the block on `slots` (the input first, then the parameters in visit order). The flag
-/// says whether this run belongs to a recomputed region (forward without graph, or recompute).
-pub(crate) type BlockFn<B> = Box<dyn Fn(Vec<FloatTensor<B>>, bool) -> FloatTensor<B> + Send>;
-
-/// A block call to checkpoint.
-pub(crate) struct Job<B: Backend> {
-    /// The block input, then its float parameters.
-    pub slots: Vec<FloatTensor<B>>,
-    /// The block's forward on such slots.
-    pub block: BlockFn<B>,
-}
+use crate::job::Job;
 
 /// A backend's checkpointed call: returns the block output.
 pub(crate) type ApplyFn<B> = fn(Job<B>) -> FloatTensor<B>;

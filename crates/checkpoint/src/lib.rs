@@ -35,6 +35,7 @@ mod autodiff;
 mod derived;
 mod engine;
 mod error;
+mod job;
 mod policy;
 mod scope;
 mod wrapper;

@@ -10,7 +10,8 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::BlockKind;
 use crate::derived::{self, DerivedParams};
-use crate::engine::{self, BlockFn, Job};
+use crate::engine;
+use crate::job::{BlockFn, Job};
 use crate::scope;
 
 /// A block whose inner activations are dropped after the forward pass and recomputed in the

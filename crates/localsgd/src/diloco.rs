@@ -5,7 +5,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use afterburner_parallel::{
-    ParallelError, ProcessGroup, ReduceOp, StateLayout, StrategyState, TrainingStrategy,
+    ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StrategyState,
     broadcast_from_rank0, flat_params, with_flat_params,
 };
 use burn::module::AutodiffModule;
@@ -247,7 +247,7 @@ fn momentum_name(p: usize, fragments: usize) -> String {
     }
 }
 
-impl<B, G> TrainingStrategy<B> for DiLoCo<B, G>
+impl<B, G> ParallelStrategy<B> for DiLoCo<B, G>
 where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + Clone + Send + 'static,

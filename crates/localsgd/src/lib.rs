@@ -8,7 +8,7 @@
 //!   steps a global copy of the parameters along the averaged pseudo-gradient
 //!   `global - local` (Douillard et al. 2023).
 //!
-//! Both are [`TrainingStrategy`](afterburner_parallel::TrainingStrategy)s: the `afterburner`
+//! Both are [`ParallelStrategy`](afterburner_parallel::ParallelStrategy)s: the `afterburner`
 //! Accelerator runs them with `strategy = "local-sgd"` or `"diloco"`, or call their phases from
 //! your own loop. With `fragments`, `delay` and `mixing` DiLoCo becomes Streaming DiLoCo
 //! (Douillard et al. 2025), its outer gradients sent as f32, bf16, f16 or int8

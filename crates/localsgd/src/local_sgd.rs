@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 
 use afterburner_parallel::{
-    ParallelError, ProcessGroup, ReduceOp, StateLayout, StrategyState, TrainingStrategy,
+    ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StrategyState,
     average_optimizer_state, broadcast_from_rank0, flat_params, with_flat_params,
 };
 use burn::module::AutodiffModule;
@@ -75,7 +75,7 @@ pub(crate) fn any_rank<B: AutodiffBackend, G: ProcessGroup<Inner<B>> + ?Sized>(
     Ok(sum.elem::<f32>() > 0.5)
 }
 
-impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for LocalSgd<B, G> {
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for LocalSgd<B, G> {
     fn name(&self) -> &'static str {
         "local-sgd"
     }

@@ -4,7 +4,7 @@
 
 use afterburner_localsgd::{LocalSgd, LocalSgdConfig};
 use afterburner_parallel::{
-    LaunchConfig, SharedGroup, TrainingStrategy, flat_params, launch, param_ids,
+    LaunchConfig, ParallelStrategy, SharedGroup, flat_params, launch, param_ids,
 };
 use burn::backend::{Autodiff, Flex};
 use burn::module::ParamId;

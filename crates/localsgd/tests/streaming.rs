@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use afterburner_localsgd::{DiLoCo, DiLoCoConfig, OuterDtype};
 use afterburner_parallel::{
-    LaunchConfig, SharedGroup, SlowLink, TrainingStrategy, flat_params, launch, with_flat_params,
+    LaunchConfig, ParallelStrategy, SharedGroup, SlowLink, flat_params, launch, with_flat_params,
 };
 use burn::backend::{Autodiff, Flex};
 use burn::nn::{Linear, LinearConfig};

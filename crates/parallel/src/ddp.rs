@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
-use crate::{ParallelError, ProcessGroup, ReduceOp, TrainingStrategy};
+use crate::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -125,7 +125,7 @@ where
     }))
 }
 
-impl<B, G> TrainingStrategy<B> for Ddp<B, G>
+impl<B, G> ParallelStrategy<B> for Ddp<B, G>
 where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>>,

@@ -1,18 +1,18 @@
-//! [`TrainingStrategy`]: how training is spread over devices. A training loop (the `afterburner`
+//! [`ParallelStrategy`]: how training is spread over devices. A training loop (the `afterburner`
 //! Accelerator, or your own) holds one strategy and asks it at each phase of a step; the
 //! strategy owns its state (process group, shard layout, counters).
 //!
 //! The phases of one optimizer step, in order:
 //!
-//! 1. [`setup`](TrainingStrategy::setup) once, before training;
-//! 2. per micro-batch: the forward pass on [`forward_view`](TrainingStrategy::forward_view), then
-//!    `backward`, then [`after_backward`](TrainingStrategy::after_backward);
+//! 1. [`setup`](ParallelStrategy::setup) once, before training;
+//! 2. per micro-batch: the forward pass on [`forward_view`](ParallelStrategy::forward_view), then
+//!    `backward`, then [`after_backward`](ParallelStrategy::after_backward);
 //! 3. once per optimizer step (never on the accumulating micro-batches, like PyTorch's
-//!    `no_sync`): [`reduce_gradients`](TrainingStrategy::reduce_gradients), the global norm through
-//!    [`global_squared_norm`](TrainingStrategy::global_squared_norm) when clipping,
-//!    [`before_optimizer_step`](TrainingStrategy::before_optimizer_step), the optimizer step, and
-//!    [`after_optimizer_step`](TrainingStrategy::after_optimizer_step);
-//! 4. saving and loading: [`state_layout`](TrainingStrategy::state_layout) says which rank writes
+//!    `no_sync`): [`reduce_gradients`](ParallelStrategy::reduce_gradients), the global norm through
+//!    [`global_squared_norm`](ParallelStrategy::global_squared_norm) when clipping,
+//!    [`before_optimizer_step`](ParallelStrategy::before_optimizer_step), the optimizer step, and
+//!    [`after_optimizer_step`](ParallelStrategy::after_optimizer_step);
+//! 4. saving and loading: [`state_layout`](ParallelStrategy::state_layout) says which rank writes
 //!    what; a [`StateLayout::Gathered`] strategy also converts its parts to and from the full
 //!    state.
 //!
@@ -59,7 +59,7 @@ pub struct ForwardView<B: AutodiffBackend, M> {
 /// module docs for the order). Implemented by [`SingleDevice`], [`Ddp`](crate::Ddp),
 /// [`Zero1`](crate::Zero1) and [`Fsdp`](crate::Fsdp); another crate adds its own (Local SGD,
 /// DiLoCo) by implementing it.
-pub trait TrainingStrategy<B: AutodiffBackend> {
+pub trait ParallelStrategy<B: AutodiffBackend> {
     /// A short name for logs and errors ("single-device", "ddp", ...).
     fn name(&self) -> &'static str;
 
@@ -323,7 +323,7 @@ impl StrategyState {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SingleDevice;
 
-impl<B: AutodiffBackend> TrainingStrategy<B> for SingleDevice {
+impl<B: AutodiffBackend> ParallelStrategy<B> for SingleDevice {
     fn name(&self) -> &'static str {
         "single-device"
     }

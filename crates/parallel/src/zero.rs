@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::ddp::{Flatten, Unflatten};
 use crate::params::param_ids;
 use crate::record::retain_param_states;
-use crate::{Ddp, ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy};
+use crate::{Ddp, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -139,7 +139,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for DropOthers<'_, B> {
     }
 }
 
-/// ZeRO stage 1 as a [`TrainingStrategy`]: [`Ddp`] (rank 0's parameters at setup, one gradient
+/// ZeRO stage 1 as a [`ParallelStrategy`]: [`Ddp`] (rank 0's parameters at setup, one gradient
 /// all-reduce per optimizer step) where each rank steps, and keeps optimizer state for, only
 /// the parameters it owns ([`OptimizerSharding`], set at the first step); the owners share the
 /// new values after each step. Each rank's optimizer state differs, so each saves its own part.
@@ -168,7 +168,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Zero1<B, G> {
     }
 }
 
-impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> TrainingStrategy<B> for Zero1<B, G> {
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Zero1<B, G> {
     fn name(&self) -> &'static str {
         "zero-1"
     }

@@ -1,17 +1,15 @@
-// afterburner-precision alone, in a plain Burn loop (no facade): the forward pass runs per op
-// (`autocast_ops` on `Autodiff<Autocast<Flex>>`, as torch.autocast) or on a half view of an
-// f32 model (any backend), in bf16-mixed or 16-mixed with a GradScaler; the loss and the
-// optimizer stay in f32. `cargo run -p afterburner-precision --example mixed_precision_loop`.
-use afterburner_precision::{
-    Autocast, CastFloats, GradScaler, GradScalerConfig, Precision, PrecisionError, autocast_ops,
-    autocast_view, grads,
-};
+// afterburner-precision alone, in a plain Burn loop (no facade), through its PrecisionPlugin:
+// the forward pass runs per op (`autocast_ops` on `Autodiff<Autocast<Flex>>`, as
+// torch.autocast) or on a half view of an f32 model (any backend), in bf16-mixed or 16-mixed
+// with a GradScaler; the loss and the optimizer stay in f32.
+// `cargo run -p afterburner-precision --example mixed_precision_loop`.
+use afterburner_precision::{Autocast, AutocastMode, PrecisionError, PrecisionPlugin, grads};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Distribution, ElementConversion, Tensor};
+use burn::tensor::{Distribution, ElementConversion, Tensor};
 
 #[derive(Module, Debug)]
 struct Mlp<B: Backend> {
@@ -27,69 +25,51 @@ impl<B: Backend> Mlp<B> {
 }
 
 /// Trains a small regression for `steps` steps under `precision`, the mixed modes per op
-/// (`per_op`, on a backend with `Autocast`) or through the half view; returns (first, last)
-/// loss.
+/// (`autocast = Op`, on a backend with `Autocast`) or through the half view (`View`); returns
+/// (first, last) loss.
 fn train<B: AutodiffBackend>(
     precision: &str,
     steps: usize,
-    per_op: bool,
+    autocast: AutocastMode,
 ) -> Result<(f32, f32), PrecisionError> {
     let device = Default::default();
-    let precision: Precision = precision.parse()?;
-    precision.check_backend::<B>(&device)?;
+    // One value holds the policy: dtypes, per op vs view, the 16-mixed loss scaler.
+    let mut plugin =
+        PrecisionPlugin::<B>::new(precision.parse()?, autocast, Default::default(), &device)?;
     B::seed(&device, 0);
-    let mut model = Mlp {
+    let mlp = Mlp {
         hidden: LinearConfig::new(8, 32).init(&device),
         out: LinearConfig::new(32, 1).init(&device),
         act: Relu::new(),
     };
+    let mut model = plugin.prepare_model(mlp)?;
     let mut optim = AdamConfig::new().init();
-    let mut scaler = match precision.needs_loss_scaling() {
-        true => Some(GradScaler::new(GradScalerConfig::default())?),
-        false => None,
-    };
     let x = Tensor::<B, 2>::random([64, 8], Distribution::Normal(0.0, 1.0), &device);
     let y = x.clone().sum_dim(1);
     let (mut first, mut last) = (f32::NAN, f32::NAN);
     for step in 0..steps {
         // (1) The forward pass per op (matmuls in half, reductions in f32, f32 parameters) or
-        // on a half view (same parameters, differentiable cast).
-        let compute = precision.compute_dtype();
-        let per_op = per_op && precision.is_mixed();
-        let out = match (precision.is_mixed(), per_op) {
-            (true, true) => autocast_ops(compute, || model.forward(x.clone())),
-            (true, false) => autocast_view(&model, compute).forward(x.clone().cast_floats(compute)),
-            (false, _) => model.forward(x.clone()),
-        };
+        // on a half view (same parameters, differentiable cast); the output comes back in f32.
+        let out = plugin.forward(&model, None, x.clone(), |m, x| m.forward(x));
         // (2) The loss in f32.
-        let loss = (out.cast_floats(DType::F32) - y.clone())
-            .powi_scalar(2)
-            .mean();
+        let loss = (out - y.clone()).powi_scalar(2).mean();
         last = loss.clone().into_scalar().elem();
         if step == 0 {
             first = last;
         }
-        // (3) fp16: scale the loss, unscale the gradients, skip the step on overflow.
-        let loss = match &scaler {
-            Some(scaler) => scaler.scale_loss(loss),
-            None => loss,
-        };
-        // Per op, the backward runs under the same scope (Linear's backward in half), and each
-        // gradient comes back in its parameter's dtype.
-        let raw = match per_op {
-            true => autocast_ops(compute, || loss.backward()),
-            false => loss.backward(),
-        };
+        // (3) fp16: scale the loss; per op, the backward runs under the same scope (Linear's
+        // backward in half), and each gradient comes back in its parameter's dtype.
+        let raw = plugin.backward(plugin.scale_loss(loss));
         let mut grads = GradientsParams::from_grads(raw, &model);
         grads::to_param_dtypes::<B, _>(&model, &mut grads);
-        if let Some(scaler) = &mut scaler {
-            let overflow = !scaler.unscale::<B, _>(&model, &mut grads, 1.0).is_finite();
-            scaler.update(overflow);
-            if overflow {
-                continue;
-            }
+        // (4) Unscale (fp16), skip the step on overflow and back off the scale.
+        let summary = plugin.unscale(&model, &mut grads, 1.0, true);
+        let overflow = plugin.skips_overflow() && summary.is_some_and(|s| !s.is_finite());
+        plugin.update(overflow);
+        if overflow {
+            continue;
         }
-        // (4) Global-norm clipping, which Burn 0.21 lacks, then an ordinary f32 step.
+        // (5) Global-norm clipping, which Burn 0.21 lacks, then an ordinary f32 step.
         grads::clip_grad_norm::<B, _>(&model, &mut grads, 1.0);
         model = optim.step(1e-2, model, grads);
     }
@@ -105,8 +85,8 @@ fn main() -> Result<(), PrecisionError> {
         ("16-mixed", true),
     ] {
         let (first, last) = match per_op {
-            true => train::<Autodiff<Autocast<Flex>>>(precision, 60, true)?,
-            false => train::<Autodiff<Flex>>(precision, 60, false)?,
+            true => train::<Autodiff<Autocast<Flex>>>(precision, 60, AutocastMode::Op)?,
+            false => train::<Autodiff<Flex>>(precision, 60, AutocastMode::View)?,
         };
         let how = if per_op { " per op" } else { "" };
         println!("{precision}{how}: loss {first:.4} -> {last:.4}");

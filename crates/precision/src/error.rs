@@ -37,4 +37,15 @@ pub enum PrecisionError {
         /// What is allowed.
         expected: &'static str,
     },
+    /// A setting of the precision plugin out of range (the autocast mode, or a mode the
+    /// backend cannot run).
+    #[error("invalid {field} = {value}: expected {expected}")]
+    InvalidSetting {
+        /// The setting, as the Accelerator's config names it.
+        field: &'static str,
+        /// Its value, as written.
+        value: String,
+        /// What is allowed.
+        expected: &'static str,
+    },
 }

@@ -8,6 +8,9 @@
 //! - [`autocast`]: the half-precision *view* of an f32 model used for one forward pass under the
 //!   mixed modes on any backend, and [`CastFloats`] to move inputs and outputs between dtypes.
 //! - [`GradScaler`]: dynamic loss scaling for `16-mixed` (PyTorch's defaults).
+//! - [`PrecisionPlugin`]: all of the above as one value a training loop holds (like
+//!   Lightning's `Precision` plugin): the model's dtypes, the forward and backward passes, the
+//!   loss scaler's step gate and its saved state.
 //! - [`grads`]: whole-model gradient operations Burn 0.21 lacks: scaling, the global norm,
 //!   global-norm clipping, the inf/NaN check.
 //!
@@ -37,6 +40,8 @@ pub mod autocast;
 mod backend;
 mod error;
 pub mod grads;
+mod mode;
+mod plugin;
 mod policy;
 mod scaler;
 
@@ -46,5 +51,7 @@ pub use autocast::{
 };
 pub use backend::{Autocast, autocast_dtype, autocast_ops, promotes_dtypes};
 pub use error::PrecisionError;
+pub use mode::AutocastMode;
+pub use plugin::{OpScope, PrecisionPlugin};
 pub use policy::Precision;
 pub use scaler::{GradScaler, GradScalerConfig, GradScalerState};

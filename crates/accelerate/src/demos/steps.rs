@@ -2,7 +2,7 @@
 //! their evaluation output (burn-train's `ClassificationOutput`, which every classification
 //! metric reads; the language model's is one classification per byte).
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
@@ -14,7 +14,7 @@ use super::text::TokenBatch;
 use crate::trainer::TrainLoss;
 use crate::{AccelerateError, Accelerator};
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> TrainLoss<B, ImageBatch<B>, S> for Vit<B> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> TrainLoss<B, ImageBatch<B>, S> for Vit<B> {
     fn train_loss(
         &self,
         acc: &Accelerator<B, S>,
@@ -66,7 +66,7 @@ impl<B: Backend> InferenceStep for Vit<B> {
     }
 }
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> TrainLoss<B, TokenBatch<B>, S> for Transformer<B> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> TrainLoss<B, TokenBatch<B>, S> for Transformer<B> {
     fn train_loss(
         &self,
         acc: &Accelerator<B, S>,

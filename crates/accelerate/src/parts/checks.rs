@@ -8,14 +8,14 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Tensor};
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 
 use super::StateParts;
 use crate::AccelerateError;
 
 /// An error naming every model part of `parts` that holds an inf/NaN parameter on this rank:
 /// saving it would replace the last good state with a poisoned one.
-pub(crate) fn refuse_nonfinite_models<B: AutodiffBackend, S: TrainingStrategy<B>>(
+pub(crate) fn refuse_nonfinite_models<B: AutodiffBackend, S: ParallelStrategy<B>>(
     dir: &Path,
     parts: &StateParts<'_, B, S>,
 ) -> Result<(), AccelerateError> {

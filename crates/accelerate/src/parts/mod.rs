@@ -22,7 +22,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 
 use crate::{AccelerateError, Accelerator, AnyStrategy};
 use slots::{ModelSlot, OptimizerSlot, SchedulerSlot, ValueSlot};
@@ -56,20 +56,20 @@ pub trait Stateful: Sized {
 /// `accelerator` (the Accelerator's own part: counters, loss scale, seed, data position).
 /// Loading needs exactly the parts the state holds: a missing or an unknown part is an error
 /// naming it. Every rank builds the same parts in the same order.
-pub struct StateParts<'a, B: AutodiffBackend, S: TrainingStrategy<B> = AnyStrategy<B>> {
+pub struct StateParts<'a, B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<B>> {
     pub(crate) parts: Vec<Part<'a, B, S>>,
 }
 
 /// A named part.
 pub(crate) type Part<'a, B, S> = (String, Box<dyn Slot<B, S> + 'a>);
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>> Default for StateParts<'_, B, S> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Default for StateParts<'_, B, S> {
     fn default() -> Self {
         Self { parts: Vec::new() }
     }
 }
 
-impl<'a, B: AutodiffBackend, S: TrainingStrategy<B>> StateParts<'a, B, S> {
+impl<'a, B: AutodiffBackend, S: ParallelStrategy<B>> StateParts<'a, B, S> {
     /// No parts yet.
     pub fn new() -> Self {
         Self::default()
@@ -177,7 +177,7 @@ pub(crate) enum Mode {
 }
 
 /// One part, type-erased: how it encodes, stages a load and commits it.
-pub(crate) trait Slot<B: AutodiffBackend, S: TrainingStrategy<B>> {
+pub(crate) trait Slot<B: AutodiffBackend, S: ParallelStrategy<B>> {
     /// This rank's bytes of the part: local work only, no collective.
     fn encode(&self, acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError>;
 

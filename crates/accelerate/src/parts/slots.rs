@@ -5,7 +5,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::{TrainingStrategy, param_ids};
+use afterburner_parallel::{ParallelStrategy, param_ids};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 
 use super::checks::{has_nonfinite, load_checked, load_structure};
 use super::{Mode, Part, Slot, StateParts, Stateful, part_file, rank_files};
-use crate::state::{decode_record, encode};
+use crate::record::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
 
 /// An encoding error (the part's name is added by the caller).
@@ -44,7 +44,7 @@ impl<'a, M> ModelSlot<'a, M> {
 impl<B, S, M> Slot<B, S> for ModelSlot<'_, M>
 where
     B: AutodiffBackend,
-    S: TrainingStrategy<B>,
+    S: ParallelStrategy<B>,
     M: AutodiffModule<B> + 'static,
 {
     fn encode(&self, _acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError> {
@@ -95,7 +95,7 @@ where
         let Some(loaded) = self.staged.take() else {
             return Ok(());
         };
-        let loaded = acc.to_param_dtype(loaded);
+        let loaded = acc.precision.to_param_dtype(loaded);
         let loaded = match mode {
             Mode::Local => loaded,
             Mode::Gathered => acc.strategy.shard_full_state(loaded)?,
@@ -183,7 +183,7 @@ where
 impl<B, S, M, O> Slot<B, S> for OptimizerSlot<'_, M, O, B>
 where
     B: AutodiffBackend,
-    S: TrainingStrategy<B>,
+    S: ParallelStrategy<B>,
     M: AutodiffModule<B> + 'static,
     O: Optimizer<M, B>,
 {
@@ -285,7 +285,7 @@ impl<'a, B: AutodiffBackend, L: LrScheduler> SchedulerSlot<'a, L, B> {
     }
 }
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>, L: LrScheduler> Slot<B, S>
+impl<B: AutodiffBackend, S: ParallelStrategy<B>, L: LrScheduler> Slot<B, S>
     for SchedulerSlot<'_, L, B>
 {
     fn encode(&self, _acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError> {
@@ -345,7 +345,7 @@ impl<'a, T: Stateful> ValueSlot<'a, T> {
     }
 }
 
-impl<B: AutodiffBackend, S: TrainingStrategy<B>, T> Slot<B, S> for ValueSlot<'_, T> {
+impl<B: AutodiffBackend, S: ParallelStrategy<B>, T> Slot<B, S> for ValueSlot<'_, T> {
     fn encode(&self, _acc: &Accelerator<B, S>) -> Result<Vec<u8>, AccelerateError> {
         (self.to_bytes)(self.value).map_err(encoding_failed)
     }

@@ -42,7 +42,7 @@ mod state;
 
 use std::sync::Arc;
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::module::AutodiffModule;
@@ -77,8 +77,8 @@ use output::RunLog;
 /// loop. Backward, loss scaling, accumulation and the optimizer step stay the Trainer's.
 ///
 /// `S` is the Accelerator's strategy: the built-in [`AnyStrategy`] by default; implement the
-/// trait for every `S: TrainingStrategy<B>` to train under a user's strategy too.
-pub trait TrainLoss<B: AutodiffBackend, Batch, S: TrainingStrategy<B> = AnyStrategy<B>>:
+/// trait for every `S: ParallelStrategy<B>` to train under a user's strategy too.
+pub trait TrainLoss<B: AutodiffBackend, Batch, S: ParallelStrategy<B> = AnyStrategy<B>>:
     AutodiffModule<B>
 {
     /// The loss of one training batch (a one-element tensor).
@@ -125,7 +125,7 @@ pub struct Trainer<
     EO,
     O = HfOptimizer<M, B>,
     L = HfSchedule,
-    S: TrainingStrategy<B> = AnyStrategy<B>,
+    S: ParallelStrategy<B> = AnyStrategy<B>,
 > {
     acc: Accelerator<B, S>,
     args: TrainingArguments,
@@ -194,7 +194,7 @@ where
     TB: Send + 'static,
     EB: Send + 'static,
     EO: Adaptor<LossInput<Inner<B>>> + 'static,
-    S: TrainingStrategy<B>,
+    S: ParallelStrategy<B>,
 {
     /// A Trainer on this rank's Accelerator `acc` (from [`Accelerator::run`], `launch` or
     /// `launch_mpi` with `args.accelerator_config()`); every rank builds one and calls
@@ -305,7 +305,7 @@ where
     EO: Adaptor<LossInput<Inner<B>>> + 'static,
     O: Optimizer<M, B>,
     L: LrScheduler,
-    S: TrainingStrategy<B>,
+    S: ParallelStrategy<B>,
 {
     /// This Trainer stepping with `optimizer` and `scheduler` instead of the ones the
     /// arguments name, like HF's `Trainer(optimizers=(optimizer, scheduler))`: any Burn
@@ -429,7 +429,7 @@ fn plan(args: &TrainingArguments, batches_per_epoch: usize) -> (usize, usize) {
 }
 
 /// Errors unless `acc` was built from `args.accelerator_config()` (in what training uses).
-fn check_same_config<B: AutodiffBackend, S: TrainingStrategy<B>>(
+fn check_same_config<B: AutodiffBackend, S: ParallelStrategy<B>>(
     acc: &Accelerator<B, S>,
     args: &TrainingArguments,
 ) -> Result<(), AccelerateError> {

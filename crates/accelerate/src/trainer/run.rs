@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::PathBuf;
 
-use afterburner_parallel::TrainingStrategy;
+use afterburner_parallel::ParallelStrategy;
 use afterburner_precision::cast_module;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -43,7 +43,7 @@ where
     EO: Adaptor<LossInput<Inner<B>>> + 'static,
     O: Optimizer<M, B>,
     L: LrScheduler,
-    S: TrainingStrategy<B>,
+    S: ParallelStrategy<B>,
 {
     /// Trains for `max_steps` optimizer steps (or `num_train_epochs` epochs), resuming first
     /// when `resume_from_checkpoint` is set; logs, evaluates and saves at the arguments'

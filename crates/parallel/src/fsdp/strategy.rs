@@ -1,4 +1,4 @@
-//! FSDP as a [`TrainingStrategy`]: shards at setup, gathers per forward pass, a global gradient norm
+//! FSDP as a [`ParallelStrategy`]: shards at setup, gathers per forward pass, a global gradient norm
 //! over the shards, and sharded or gathered training states.
 
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use burn::tensor::{DType, ElementConversion, Tensor};
 use super::{Fsdp, StateDictType};
 use crate::ddp::broadcast_from_rank0;
 use crate::record::{check_param_ids, map_state_tensors};
-use crate::{ForwardView, ParallelError, ProcessGroup, ReduceOp, StateLayout, TrainingStrategy};
+use crate::{ForwardView, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -37,7 +37,7 @@ where
     }
 }
 
-impl<B, G> TrainingStrategy<B> for Fsdp<B, G>
+impl<B, G> ParallelStrategy<B> for Fsdp<B, G>
 where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
