@@ -48,8 +48,28 @@ const BATCHER: ImageBatcher = ImageBatcher {
     width: 8,
 };
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    backend::show_warnings();
+/// `--help`: every option, what it sets, its values and default.
+const HELP: &str = "\
+options:
+  --workers N            ranks (threads on the CPU) to train on, at least 1 (default 2)
+  --epochs N             epochs to train, at least 1 (default 10)
+  --batch-size N         items per batch on each rank, at least 1 (default 32)
+  --strategy S           ddp (default), zero-1, fsdp, local-sgd, diloco
+  --local-sgd-steps N    local-sgd: optimizer steps between averages (default 8)
+  --sync-every N         diloco: inner steps per outer step (default 50)
+  --fragments P          diloco: Streaming DiLoCo with P fragments (default 1)
+  --fragment-units NAME  diloco: whole modules of this type per fragment
+  --delay TAU            diloco: inner steps an outer step overlaps (default 0)
+  --mixing ALPHA         diloco: mix of the global and local parameters on arrival
+  --outer-dtype D        diloco: f32 (default), bf16, f16, int8 for the outer gradients
+  --mpi                  one rank per process started by mpirun (build with --features mpi)
+  --help                 this text";
+
+fn main() -> std::process::ExitCode {
+    backend::main_with(run)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut workers, mut epochs, mut batch_size, mut strategy) = (2, 10, 32, Strategy::Ddp);
     let mut mpi = false;
     let (mut local_sgd_steps, mut diloco) = (
@@ -61,11 +81,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        if flag == "--mpi" {
-            mpi = true;
-            continue;
+        match flag.as_str() {
+            "--mpi" => {
+                mpi = true;
+                continue;
+            }
+            "--help" => return Err(AccelerateError::Help(HELP.into()).into()),
+            _ => {}
         }
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        let value = args
+            .next()
+            .ok_or(format!("{flag} needs a value (see --help)"))?;
         match flag.as_str() {
             "--workers" => workers = value.parse()?,
             "--epochs" => epochs = value.parse()?,
@@ -78,8 +104,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--delay" => diloco.delay = value.parse()?,
             "--mixing" => diloco.mixing = Some(value.parse()?),
             "--outer-dtype" => diloco.outer_dtype = value.parse()?,
-            other => return Err(format!("unknown option '{other}' (see the file's header)").into()),
+            other => return Err(format!("unknown option '{other}' (see --help)").into()),
         }
+    }
+    if epochs == 0 || batch_size == 0 {
+        return Err("--epochs and --batch-size: expected a whole number >= 1".into());
     }
     let (train, test) = digits::load()?.split(0.2, 0);
     let config = AcceleratorConfig {

@@ -28,12 +28,8 @@ use backend::{B, device};
 /// Bytes the model reads at once.
 const SEQ_LEN: usize = 64;
 
-fn main() {
-    backend::show_warnings();
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(2);
-    }
+fn main() -> std::process::ExitCode {
+    backend::main_with(run)
 }
 
 /// This example's defaults: 3 epochs of 2 x 16 windows per step, AdamW 3e-3 with a cosine

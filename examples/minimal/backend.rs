@@ -29,3 +29,25 @@ pub fn show_warnings() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
+
+/// Runs an example's `run` with its warnings shown and ends the program as a command-line
+/// tool does: `--help`'s text on standard output with exit 0, an error's message on standard
+/// error with exit 2.
+pub fn main_with(
+    run: impl FnOnce() -> Result<(), Box<dyn std::error::Error>>,
+) -> std::process::ExitCode {
+    show_warnings();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => match e.downcast_ref::<afterburner::AccelerateError>() {
+            Some(afterburner::AccelerateError::Help(text)) => {
+                println!("{text}");
+                std::process::ExitCode::SUCCESS
+            }
+            _ => {
+                eprintln!("error: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
+    }
+}

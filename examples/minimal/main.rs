@@ -39,12 +39,8 @@ struct Args {
     plain: bool,
 }
 
-fn main() {
-    backend::show_warnings();
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(2);
-    }
+fn main() -> std::process::ExitCode {
+    backend::main_with(run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -152,7 +148,22 @@ fn accuracy(
     Ok(correct as f64 / items.len() as f64)
 }
 
-fn parse_args() -> Result<Args, String> {
+/// `--help`: every option, what it sets, its values and default.
+const HELP: &str = "\
+options:
+  --precision P               32-true (default), bf16-mixed, 16-mixed, bf16-true, 16-true
+  --autocast M                how the mixed precisions run: auto (default), op, view
+  --epochs N                  epochs to train, at least 1 (default 30)
+  --batch-size N              items per batch, at least 1 (default 32)
+  --accumulation N            micro-batches per optimizer step (default 1)
+  --max-grad-norm X           clip the global gradient norm to X (default: no clipping)
+  --lr X                      AdamW's learning rate (default 2e-3)
+  --seed N                    seed of the model and the data order (default 42)
+  --gradient-checkpointing P  none (default), all, every-<k>, selective, balanced
+  --plain                     the plain Burn loop instead (f32, no afterburner)
+  --help                      this text";
+
+fn parse_args() -> Result<Args, Box<dyn std::error::Error>> {
     let mut args = Args {
         config: AcceleratorConfig::default(),
         epochs: 30,
@@ -162,26 +173,32 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        if flag == "--help" {
+            return Err(AccelerateError::Help(HELP.into()).into());
+        }
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value (see --help)"))
+        };
         let number = |v: String| v.parse::<f64>().map_err(|e| format!("{flag}: '{v}': {e}"));
+        let count = |v: String| match v.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!("{flag}: '{v}': expected a whole number >= 1")),
+        };
         match flag.as_str() {
-            "--precision" => {
-                args.config.precision = value()?.parse().map_err(|e| format!("{e}"))?
-            }
-            "--epochs" => args.epochs = number(value()?)? as usize,
-            "--batch-size" => args.batch_size = number(value()?)? as usize,
+            "--precision" => args.config.precision = value()?.parse()?,
+            "--epochs" => args.epochs = count(value()?)?,
+            "--batch-size" => args.batch_size = count(value()?)?,
             "--accumulation" => {
                 args.config.gradient_accumulation_steps = number(value()?)? as usize
             }
             "--max-grad-norm" => args.config.max_grad_norm = Some(number(value()?)?),
             "--lr" => args.lr = number(value()?)?,
             "--seed" => args.config.seed = number(value()?)? as u64,
-            "--gradient-checkpointing" => {
-                args.config.gradient_checkpointing = value()?.parse().map_err(|e| format!("{e}"))?
-            }
-            "--autocast" => args.config.autocast = value()?.parse().map_err(|e| format!("{e}"))?,
+            "--gradient-checkpointing" => args.config.gradient_checkpointing = value()?.parse()?,
+            "--autocast" => args.config.autocast = value()?.parse()?,
             "--plain" => args.plain = true,
-            other => return Err(format!("unknown option '{other}' (see the file's header)")),
+            other => return Err(format!("unknown option '{other}' (see --help)").into()),
         }
     }
     Ok(args)

@@ -23,12 +23,8 @@ use burn::train::metric::AccuracyMetric;
 
 use backend::{B, device};
 
-fn main() {
-    backend::show_warnings();
-    if let Err(e) = run() {
-        eprintln!("error: {e}");
-        std::process::exit(2);
-    }
+fn main() -> std::process::ExitCode {
+    backend::main_with(run)
 }
 
 /// This example's defaults: 30 epochs of batch 32 at 2e-3, an evaluation and a checkpoint

@@ -128,6 +128,10 @@ pub enum AccelerateError {
         /// Tensors that could not be applied (a shape or dtype mismatch).
         errors: Vec<String>,
     },
+    /// `--help` was given on a command line: the text lists every option; a program prints
+    /// it on standard output and exits 0 (it is not a failure).
+    #[error("{0}")]
+    Help(String),
     /// Any other error, e.g. one a worker closure returns for its own reasons (a worker that
     /// returns an error stops every rank).
     #[error("{0}")]

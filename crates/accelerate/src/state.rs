@@ -153,13 +153,16 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
         parts.check_names()?;
-        self.check_not_mid_cycle()?;
-        let finite = match self.config.nonfinite_gradients {
-            NonFinitePolicy::Apply => Ok(()),
-            _ => refuse_nonfinite_models(dir, parts),
-        };
-        self.all_ranks_succeeded(&finite, "save_state")?;
-        finite?;
+        // Every rank checks, then they agree: a rank that refuses (pending micro-batches,
+        // inf/NaN parameters) stops the save on every rank before any collective runs.
+        let ready =
+            self.check_not_mid_cycle()
+                .and_then(|()| match self.config.nonfinite_gradients {
+                    NonFinitePolicy::Apply => Ok(()),
+                    _ => refuse_nonfinite_models(dir, parts),
+                });
+        self.all_ranks_succeeded(&ready, "save_state")?;
+        ready?;
         match self.strategy.state_layout() {
             StateLayout::Replicated => {
                 let written = match self.is_main_process() {

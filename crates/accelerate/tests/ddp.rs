@@ -107,6 +107,44 @@ fn a_rank_that_finishes_early_fails_the_others_rather_than_halving_their_updates
 }
 
 #[test]
+fn a_save_refused_on_one_rank_is_refused_on_every_rank_and_keeps_them_in_step() {
+    let _rng = rng_lock();
+    let initial = vit(5);
+    let dir = scratch_dir("ddp-refused-save");
+    let target = dir.join("state");
+    let messages = Accelerator::<B>::launch(config(Strategy::Ddp), vec![Default::default(); 2], {
+        let target = target.clone();
+        move |mut acc| {
+            let (mut model, mut optim) = acc.setup(initial.clone(), SgdConfig::new().init())?;
+            let loader = acc.dataloader(digits::load()?.take(96), BATCHER, 8)?;
+            // One optimizer step (2 micro-batches) on both ranks, then a third micro-batch on
+            // rank 1 only: its save would lose it.
+            let micro_batches = if acc.rank() == 1 { 3 } else { 2 };
+            for batch in loader.epoch(0).take(micro_batches) {
+                let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+                acc.backward(cross_entropy(logits, &batch), &model)?;
+                model = acc.step(model, &mut optim, &mut 0.5)?;
+            }
+            let refused = acc
+                .save_state(&target, &model, &optim, &0.5)
+                .expect_err("a save with pending micro-batches on any rank");
+            // The ranks are still in step: one more collective completes on both.
+            acc.barrier()?;
+            Ok(refused.to_string())
+        }
+    })
+    .unwrap();
+    assert!(
+        messages[1].contains("accumulation cycle"),
+        "{}",
+        messages[1]
+    );
+    assert!(messages[0].contains("other rank"), "{}", messages[0]);
+    assert!(!target.exists(), "nothing may be written");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
 fn gather_for_metrics_restores_dataset_order_without_padding() {
     let _rng = rng_lock();
     // 7 items over 2 ranks: rank 1's shard is padded with item 0.

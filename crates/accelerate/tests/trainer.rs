@@ -281,6 +281,31 @@ fn rotation_keeps_the_best_checkpoint_and_the_newest() {
 }
 
 #[test]
+fn a_limit_of_one_ends_with_only_the_best_checkpoint_as_hf() {
+    let _rng = rng_lock();
+    let args = TrainingArguments {
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(2.0),
+        save_strategy: IntervalStrategy::Steps,
+        save_steps: 2.0,
+        save_total_limit: Some(1),
+        load_best_model_at_end: true,
+        ..small_args("limit-one")
+    };
+    let out = args.output_dir.clone();
+    let mut t = trainer(args, 6);
+    let summary = t.train().unwrap();
+    // The same run as the rotation test: the best is the first evaluation's checkpoint.
+    assert_eq!(
+        summary.best_model_checkpoint.as_deref(),
+        Some(checkpoint_dir(&out, 2).as_path())
+    );
+    let kept: Vec<u64> = list_checkpoints(&out).iter().map(|(s, _)| *s).collect();
+    assert_eq!(kept, vec![2], "HF keeps only the best at the end");
+    std::fs::remove_dir_all(out).ok();
+}
+
+#[test]
 fn early_stopping_stops_where_hfs_rule_says() {
     let _rng = rng_lock();
     let args = TrainingArguments {

@@ -1,8 +1,8 @@
 //! TrainingArguments: HF's defaults, files, the command line, named errors; the LR schedules
 //! against HF's formulas.
 
-use afterburner::Precision;
 use afterburner::trainer::{HfSchedule, IntervalStrategy, SchedulerType, TrainingArguments};
+use afterburner::{AccelerateError, Precision};
 use burn::optim::lr_scheduler::LrScheduler;
 
 #[test]
@@ -169,6 +169,52 @@ fn the_command_line_overrides_a_file() {
     let help = TrainingArguments::from_args(["--help"]).unwrap_err();
     assert!(help.to_string().contains("--per-device-train-batch-size"));
     std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn command_line_errors_name_the_option_as_typed_and_suggest_the_nearest() {
+    // A value out of range names the option the user typed, not the struct field.
+    let range = TrainingArguments::from_args(["--learning-rate", "-1"]).unwrap_err();
+    assert!(range.to_string().contains("'--learning-rate'"), "{range}");
+    let zero = TrainingArguments::from_args(["--per-device-train-batch-size", "0"]).unwrap_err();
+    assert!(
+        zero.to_string().contains("'--per-device-train-batch-size'"),
+        "{zero}"
+    );
+    // A typo gets the nearest option; a stranger gets none.
+    let typo = TrainingArguments::from_args(["--learning-rat", "1e-3"]).unwrap_err();
+    assert!(typo.to_string().contains("--learning-rate?"), "{typo}");
+    let stranger = TrainingArguments::from_args(["--colour", "red"]).unwrap_err();
+    assert!(stranger.to_string().contains("see --help"), "{stranger}");
+    // --help is its own variant (a program prints it and exits 0), with a line per option
+    // giving its values.
+    let help = TrainingArguments::from_args(["--help"]).unwrap_err();
+    let AccelerateError::Help(text) = help else {
+        panic!("--help: {help}")
+    };
+    let line = |option: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(option))
+            .unwrap_or_else(|| panic!("no line for {option}:\n{text}"))
+            .to_string()
+    };
+    assert!(line("--precision").contains("bf16-mixed"), "{text}");
+    assert!(line("--autocast").contains("view"), "{text}");
+    assert!(line("--optim").contains("sgd"), "{text}");
+    assert!(line("--learning-rate").contains("(default: "), "{text}");
+}
+
+#[test]
+fn nan_in_a_toml_file_is_named_not_a_type_error() {
+    for value in ["nan", "inf", "-inf"] {
+        let err = error_of(TrainingArguments::from_toml(&format!(
+            "max_grad_norm = {value}"
+        )));
+        assert!(
+            err.contains("max_grad_norm") && err.contains("NaN and inf are not allowed"),
+            "{value}: {err}"
+        );
+    }
 }
 
 /// HF's `get_scheduler` lambdas, written out: lr(k) = base * factor(k).

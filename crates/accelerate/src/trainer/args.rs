@@ -452,6 +452,18 @@ fn parse_toml(text: &str) -> Result<serde_json::Value, AccelerateError> {
             key: "(TOML)".into(),
             reason: e.to_string(),
         })?;
+    // TOML has nan and inf, JSON (what the keys go through) has not: say so by name.
+    for (key, value) in &table {
+        if let toml::Value::Float(x) = value
+            && !x.is_finite()
+        {
+            return Err(AccelerateError::argument(
+                key,
+                x,
+                "a finite number (NaN and inf are not allowed)",
+            ));
+        }
+    }
     serde_json::to_value(table).map_err(|e| AccelerateError::InvalidArgument {
         key: "(TOML)".into(),
         reason: e.to_string(),

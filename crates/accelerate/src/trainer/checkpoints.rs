@@ -65,6 +65,21 @@ pub fn resolve_checkpoint(output_dir: &Path, resume: &str) -> Result<PathBuf, Ac
     }
 }
 
+/// The saved best checkpoint `best`, found again when the run folder was copied or moved:
+/// the same `checkpoint-<step>` name in `output_dir`, else beside the checkpoint `resumed`
+/// from, else `best` as saved.
+pub fn relocate_best(best: PathBuf, output_dir: &Path, resumed: &Path) -> PathBuf {
+    let Some(name) = best.file_name() else {
+        return best;
+    };
+    let beside_resumed = resumed.parent().map(|folder| folder.join(name));
+    [Some(output_dir.join(name)), beside_resumed]
+        .into_iter()
+        .flatten()
+        .find(|candidate| is_state_dir(candidate))
+        .unwrap_or(best)
+}
+
 /// The checkpoints to delete so that at most `limit` remain: the oldest ones, never `best`
 /// (kept in addition to the newest `limit - 1` when it is older than them) and never the
 /// newest.
@@ -125,6 +140,32 @@ mod tests {
             .iter()
             .map(|s| (*s, checkpoint_dir(Path::new("out"), *s)))
             .collect()
+    }
+
+    #[test]
+    fn a_copied_run_folder_finds_its_best_checkpoint_again() {
+        let root =
+            std::env::temp_dir().join(format!("afterburner-relocate-{}", std::process::id()));
+        let copy = root.join("copy");
+        let best_here = checkpoint_dir(&copy, 20);
+        fs::create_dir_all(&best_here).unwrap();
+        let manifest = r#"{"format": "afterburner-state-v1", "files": []}"#;
+        fs::write(best_here.join("manifest.json"), manifest).unwrap();
+        let saved = checkpoint_dir(Path::new("/gone/run"), 20);
+        // In the output dir, or beside the checkpoint resumed from.
+        let resumed = checkpoint_dir(&copy, 30);
+        assert_eq!(relocate_best(saved.clone(), &copy, &resumed), best_here);
+        assert_eq!(
+            relocate_best(saved.clone(), &root.join("other"), &resumed),
+            best_here
+        );
+        // Nowhere to be found: as saved.
+        let elsewhere = root.join("elsewhere");
+        assert_eq!(
+            relocate_best(saved.clone(), &elsewhere, &elsewhere.join("x")),
+            saved
+        );
+        fs::remove_dir_all(root).ok();
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::args::{TrainingArguments, read_file};
+use super::help::{help, nearest};
 use crate::AccelerateError;
 
 /// Older names HF still accepts, with the key they set.
@@ -16,7 +17,10 @@ const ALIASES: [(&str, &str); 1] = [("evaluation_strategy", "eval_strategy")];
 impl TrainingArguments {
     /// Arguments from command-line options (without the program name): `--config FILE`,
     /// then `--key value`, `--key=value` or, for a flag, `--key` alone. Unknown options are
-    /// errors; `--help` returns an error whose message lists every key with its default.
+    /// errors naming the nearest known one; a bad value is an error naming the option as
+    /// typed (`--learning-rate`); `--help` returns [`AccelerateError::Help`], whose text lists
+    /// every option with a description, its allowed values and its default (print it and
+    /// exit 0).
     pub fn from_args<I, S>(args: I) -> Result<Self, AccelerateError>
     where
         I: IntoIterator<Item = S>,
@@ -43,6 +47,8 @@ impl TrainingArguments {
         let mut overrides = Map::new();
         let mut own = BTreeMap::new();
         let mut config_file = None;
+        // The keys set on the command line, as typed there (errors name them so).
+        let mut typed_as = BTreeMap::new();
         let mut tokens = args.into_iter().map(Into::into).peekable();
         while let Some(token) = tokens.next() {
             let Some(option) = token.strip_prefix("--") else {
@@ -57,7 +63,7 @@ impl TrainingArguments {
                 None => (option.to_string(), None),
             };
             if name == "help" {
-                return Err(AccelerateError::Usage(help(&defaults, extra)));
+                return Err(AccelerateError::Help(help(&defaults, extra)));
             }
             let key = name.replace('-', "_");
             let key = ALIASES
@@ -90,13 +96,23 @@ impl TrainingArguments {
                 own.insert(name.clone(), value()?);
             } else if let Some(default) = defaults.get(&key) {
                 let parsed = typed(&name, &value()?, default)?;
+                typed_as.insert(key.clone(), format!("--{name}"));
                 overrides.insert(key, parsed);
             } else {
-                return Err(AccelerateError::argument(
-                    format!("--{name}"),
-                    "an unknown option",
-                    "a TrainingArguments key in kebab-case (see --help)",
-                ));
+                let known = defaults.keys().map(String::as_str);
+                let known = known.chain(extra.iter().copied()).chain(["config", "help"]);
+                let reason = match nearest(&name, known) {
+                    Some(near) => {
+                        format!("unknown option; did you mean --{near}? (see --help)")
+                    }
+                    None => "unknown option; a TrainingArguments key in kebab-case is \
+                             expected (see --help)"
+                        .into(),
+                };
+                return Err(AccelerateError::InvalidArgument {
+                    key: format!("--{name}"),
+                    reason,
+                });
             }
         }
         let mut merged = defaults;
@@ -120,7 +136,14 @@ impl TrainingArguments {
             None => {}
         }
         merged.extend(overrides);
-        Ok((Self::from_value(Value::Object(merged))?, own))
+        let args = Self::from_value(Value::Object(merged)).map_err(|e| match e {
+            AccelerateError::InvalidArgument { key, reason } => AccelerateError::InvalidArgument {
+                key: typed_as.get(&key).cloned().unwrap_or(key),
+                reason,
+            },
+            other => other,
+        })?;
+        Ok((args, own))
     }
 }
 
@@ -151,22 +174,4 @@ fn typed(name: &str, text: &str, default: &Value) -> Result<Value, AccelerateErr
             .unwrap_or_else(|| Value::String(text.into()))),
         _ => Ok(Value::String(text.into())),
     }
-}
-
-/// The `--help` text: every option with its default.
-fn help(defaults: &Map<String, Value>, extra: &[&str]) -> String {
-    let mut lines = vec![
-        "options (TrainingArguments keys; a flag may be given alone):".to_string(),
-        "  --config FILE  a TOML or JSON file of keys; options after it override it".to_string(),
-    ];
-    for (key, default) in defaults {
-        lines.push(format!(
-            "  --{}  (default: {default})",
-            key.replace('_', "-")
-        ));
-    }
-    for name in extra {
-        lines.push(format!("  --{name} VALUE"));
-    }
-    lines.join("\n")
 }

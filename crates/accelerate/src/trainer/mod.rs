@@ -33,6 +33,7 @@ mod callbacks;
 mod checkpoints;
 mod choices;
 mod cli;
+mod help;
 mod metrics;
 mod optim;
 mod output;

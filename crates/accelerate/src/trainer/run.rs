@@ -15,7 +15,7 @@ use burn::train::metric::{Adaptor, LossInput, LossMetric, Metric};
 
 use super::EvalMetric;
 use super::checkpoints::{
-    checkpoint_dir, checkpoint_parts, checkpoints_to_delete, list_checkpoints,
+    checkpoint_dir, checkpoint_parts, checkpoints_to_delete, list_checkpoints, relocate_best,
 };
 use super::metrics::metadata;
 use super::{
@@ -56,6 +56,12 @@ where
             self.load_checkpoint(&dir)?;
             // The arguments of this run decide its length, as in HF.
             self.state.max_steps = planned;
+            // A run folder copied or moved since still finds its best checkpoint.
+            self.state.best_model_checkpoint = self
+                .state
+                .best_model_checkpoint
+                .take()
+                .map(|best| relocate_best(best, &self.args.output_dir, &dir));
         }
         self.log.start(&self.state.log_history)?;
         let batches = self.train.num_batches();
@@ -176,6 +182,7 @@ where
         {
             self.load_best_model(&best)?;
         }
+        self.keep_only_the_best()?;
         let (loss, _) = self.mean_across_ranks(self.state.loss_total, self.state.batches_total)?;
         let secs = self.log.elapsed().as_secs_f64().max(1e-9);
         let items = (self.state.batches_total - first_batch) * items_per_batch;
@@ -426,6 +433,26 @@ where
             callback.on_save(&self.state, &dir);
         }
         Ok(dir)
+    }
+
+    /// As HF's Trainer at the end of training: with `save_total_limit = 1` and a best
+    /// checkpoint, the newest one (kept so far for resuming) goes and only the best remains.
+    fn keep_only_the_best(&mut self) -> Result<(), AccelerateError> {
+        let Some(best) = self.state.best_model_checkpoint.clone() else {
+            return Ok(());
+        };
+        if self.args.save_total_limit != Some(1) {
+            return Ok(());
+        }
+        if self.acc.is_main_process() {
+            for (_, old) in list_checkpoints(&self.args.output_dir) {
+                if old.file_name() != best.file_name() {
+                    fs::remove_dir_all(&old)
+                        .map_err(|e| AccelerateError::io("delete old checkpoint", &old, e))?;
+                }
+            }
+        }
+        self.acc.barrier()
     }
 
     /// Restores model, optimizer, schedule, trainer state and the Accelerator's state.

@@ -1,0 +1,261 @@
+//! The command line's `--help` text (one line per option: what it does, its allowed values,
+//! its default) and the nearest option to a mistyped one.
+
+use serde_json::{Map, Value};
+
+/// One line per `TrainingArguments` key: what it sets and, where the values are a set, which.
+const DESCRIPTIONS: &[(&str, &str)] = &[
+    (
+        "output_dir",
+        "directory of checkpoints, log.jsonl and the final model",
+    ),
+    ("num_train_epochs", "epochs to train (may be fractional)"),
+    (
+        "max_steps",
+        "optimizer steps to train; overrides num_train_epochs when > 0",
+    ),
+    (
+        "per_device_train_batch_size",
+        "items per training batch on each device",
+    ),
+    (
+        "per_device_eval_batch_size",
+        "items per evaluation batch on each device",
+    ),
+    ("optim", "the optimizer: adamw (adamw_torch), adam, sgd"),
+    ("learning_rate", "peak learning rate"),
+    (
+        "weight_decay",
+        "weight decay (AdamW: decoupled; Adam, SGD: L2)",
+    ),
+    ("adam_beta1", "Adam's and AdamW's beta1"),
+    ("adam_beta2", "Adam's and AdamW's beta2"),
+    ("adam_epsilon", "Adam's and AdamW's epsilon"),
+    (
+        "max_grad_norm",
+        "clip the global gradient norm to this (0: no clipping)",
+    ),
+    (
+        "lr_scheduler_type",
+        "learning-rate schedule: linear, cosine, constant, constant_with_warmup",
+    ),
+    (
+        "warmup_steps",
+        "optimizer steps of linear warmup (below 1: a share of all steps)",
+    ),
+    (
+        "warmup_ratio",
+        "share of all optimizer steps used for warmup, in [0, 1]",
+    ),
+    (
+        "gradient_accumulation_steps",
+        "micro-batches per optimizer step",
+    ),
+    (
+        "loss_normalization",
+        "loss over an accumulation cycle: batch-mean, per-item",
+    ),
+    (
+        "precision",
+        "precision: 32-true, bf16-mixed, 16-mixed, bf16-true, 16-true",
+    ),
+    ("bf16", "bf16 mixed precision (precision = bf16-mixed)"),
+    (
+        "fp16",
+        "fp16 mixed precision with loss scaling (precision = 16-mixed)",
+    ),
+    ("autocast", "how the mixed precisions run: auto, op, view"),
+    (
+        "gradient_checkpointing",
+        "activation checkpointing: false, true, every-<k>, selective, balanced",
+    ),
+    ("eval_strategy", "when to evaluate: no, steps, epoch"),
+    (
+        "eval_steps",
+        "evaluate every this many optimizer steps (below 1: a share)",
+    ),
+    (
+        "logging_strategy",
+        "when to log the training loss: no, steps, epoch",
+    ),
+    (
+        "logging_steps",
+        "log every this many optimizer steps (below 1: a share)",
+    ),
+    (
+        "logging_first_step",
+        "also log after the first optimizer step",
+    ),
+    (
+        "save_strategy",
+        "when to save a checkpoint: no, steps, epoch",
+    ),
+    (
+        "save_steps",
+        "save every this many optimizer steps (below 1: a share)",
+    ),
+    (
+        "save_total_limit",
+        "keep at most this many checkpoints (the best is kept)",
+    ),
+    (
+        "load_best_model_at_end",
+        "reload the best checkpoint's model at the end",
+    ),
+    (
+        "metric_for_best_model",
+        "metric that picks the best checkpoint: loss, accuracy, ...",
+    ),
+    (
+        "greater_is_better",
+        "whether a larger metric_for_best_model is better: true, false",
+    ),
+    (
+        "seed",
+        "seed of the model's RNG streams and of the data order",
+    ),
+    ("data_seed", "seed of the data order alone"),
+    (
+        "dataloader_drop_last",
+        "drop the last incomplete training batch of each epoch",
+    ),
+    (
+        "dataloader_num_workers",
+        "batches prepared ahead on a background thread",
+    ),
+    ("disable_tqdm", "no progress bar"),
+    (
+        "strategy",
+        "how training is spread: single-device, ddp, zero-1, fsdp, local-sgd, diloco",
+    ),
+    ("devices", "devices (worker threads) to train on"),
+    (
+        "stop_on_signal",
+        "on SIGTERM/SIGINT: finish the step, save, stop",
+    ),
+    (
+        "resume_from_checkpoint",
+        "continue from a checkpoint-<step> directory, or latest",
+    ),
+    (
+        "early_stopping_patience",
+        "stop after this many evaluations without improvement",
+    ),
+    (
+        "early_stopping_threshold",
+        "how much better than the best counts as an improvement",
+    ),
+];
+
+/// The `--help` text: `--config`, then every key with its description and default, then the
+/// program's own options.
+pub(super) fn help(defaults: &Map<String, Value>, extra: &[&str]) -> String {
+    let mut rows = vec![(
+        "--config FILE".to_string(),
+        "a TOML or JSON file of keys; options after it override it".to_string(),
+    )];
+    for (key, default) in defaults {
+        let value = match default {
+            Value::Bool(_) => String::new(),
+            Value::Number(_) => " N".into(),
+            _ => " VALUE".into(),
+        };
+        let described = description(key).unwrap_or("");
+        let default = match default {
+            Value::Null => "unset".to_string(),
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        rows.push((
+            format!("--{}{value}", key.replace('_', "-")),
+            format!("{described} (default: {default})"),
+        ));
+    }
+    for name in extra {
+        rows.push((
+            format!("--{name} VALUE"),
+            "this program's own option".into(),
+        ));
+    }
+    let width = rows.iter().map(|(o, _)| o.len()).max().unwrap_or(0);
+    let mut lines =
+        vec!["options (TrainingArguments keys, HF's names; a flag may be given alone):".into()];
+    lines.extend(
+        rows.into_iter()
+            .map(|(option, text)| format!("  {option:width$}  {text}")),
+    );
+    lines.push(format!("  {:width$}  this text", "--help"));
+    lines.join("\n")
+}
+
+/// The one-line description of `key` (snake_case).
+pub(super) fn description(key: &str) -> Option<&'static str> {
+    DESCRIPTIONS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, text)| *text)
+}
+
+/// The known option nearest to a mistyped `name` (kebab-case, without dashes), when it is
+/// close enough to be a typo of it.
+pub(super) fn nearest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let name = name.replace('_', "-");
+    known
+        .into_iter()
+        .map(|k| k.replace('_', "-"))
+        .map(|k| (edit_distance(&name, &k), k))
+        .filter(|(d, k)| *d <= (k.len() / 4).clamp(1, 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance between `a` and `b`, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitution.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trainer::TrainingArguments;
+
+    #[test]
+    fn every_key_has_a_description_and_every_description_a_key() {
+        let keys = match serde_json::to_value(TrainingArguments::default()) {
+            Ok(Value::Object(map)) => map,
+            _ => panic!("TrainingArguments is a table"),
+        };
+        for key in keys.keys() {
+            assert!(description(key).is_some(), "--help has no line for {key}");
+        }
+        for (key, _) in DESCRIPTIONS {
+            assert!(keys.contains_key(*key), "--help describes {key}, not a key");
+        }
+    }
+
+    #[test]
+    fn a_typo_finds_the_option_and_a_stranger_nothing() {
+        let known = ["learning_rate", "num_train_epochs", "seed"];
+        assert_eq!(
+            nearest("learning-rat", known).as_deref(),
+            Some("learning-rate")
+        );
+        assert_eq!(
+            nearest("num-train-epoch", known).as_deref(),
+            Some("num-train-epochs")
+        );
+        assert_eq!(nearest("batch", known), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+}

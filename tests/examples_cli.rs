@@ -1,0 +1,106 @@
+//! The examples' command lines as a newcomer meets them: `--help` succeeds and lists each
+//! option with its values; bad input is one line naming the option, exit 2.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Runs the example `name` (built by `cargo test` beside this test) with `args`.
+fn example(name: &str, args: &[&str]) -> Output {
+    let mut dir = std::env::current_exe().expect("the test binary's path");
+    dir.pop();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let binary: PathBuf = dir.join("examples").join(name);
+    Command::new(&binary)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", binary.display()))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn help_exits_zero_and_describes_each_option_with_its_values() {
+    let wanted: [(&str, &[&str]); 4] = [
+        (
+            "minimal",
+            &[
+                "--precision",
+                "bf16-mixed",
+                "--autocast",
+                "view",
+                "--epochs",
+            ],
+        ),
+        (
+            "ddp",
+            &["--strategy", "zero-1", "--workers", "--outer-dtype"],
+        ),
+        (
+            "vit_classify",
+            &[
+                "--precision",
+                "bf16-mixed",
+                "--autocast",
+                "--data",
+                "--learning-rate",
+            ],
+        ),
+        (
+            "lm_char",
+            &["--optim", "sgd", "--lr-scheduler-type", "cosine"],
+        ),
+    ];
+    for (name, words) in wanted {
+        let out = example(name, &["--help"]);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{name} --help: {:?} {}",
+            out.status,
+            text(&out.stderr)
+        );
+        for word in words {
+            assert!(
+                stdout.contains(word),
+                "{name} --help lacks {word}:\n{stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_one_named_error_with_exit_two() {
+    let cases: [(&str, &[&str], &str); 5] = [
+        ("minimal", &["--epochs", "0"], "--epochs"),
+        ("minimal", &["--precision", "bf16-mixd"], "bf16-mixed"),
+        ("minimal", &["--bogus"], "--bogus"),
+        (
+            "vit_classify",
+            &["--learning-rat", "1e-3"],
+            "--learning-rate?",
+        ),
+        (
+            "vit_classify",
+            &["--learning-rate", "-1"],
+            "--learning-rate",
+        ),
+    ];
+    for (name, args, says) in cases {
+        let out = example(name, args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name} {args:?}: {stderr}");
+        assert!(
+            stderr.contains(says),
+            "{name} {args:?} should name {says}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{name} {args:?}: {stderr}");
+        assert!(
+            !stderr.contains(" { "),
+            "{name} {args:?} printed a Debug form: {stderr}"
+        );
+    }
+}
