@@ -13,7 +13,7 @@
 
 mod backend;
 
-use afterburner::data::DataLoader;
+use afterburner::data::DataLoaderShard;
 use afterburner::demos::models::{Vit, VitConfig};
 use afterburner::demos::{ImageBatcher, ImageDataset, ImageItem, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
@@ -72,7 +72,7 @@ fn train_plain(
     B::seed(&device, args.config.seed);
     let mut model = VitConfig::new().init::<B>(&device);
     let mut optim = AdamWConfig::new().init();
-    let loader = DataLoader::new(train, BATCHER, args.batch_size, backend::device())?
+    let loader = DataLoaderShard::new(train, BATCHER, args.batch_size, backend::device())?
         .shuffle(args.config.seed);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     for epoch in 0..args.epochs {

@@ -14,7 +14,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
-use crate::data::{DataLoader, DataProgress};
+use crate::data::{DataLoaderShard, DataProgress};
 use crate::group::{Group, counted};
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
@@ -218,14 +218,14 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         dataset: D,
         batcher: Bt,
         batch_size: usize,
-    ) -> Result<DataLoader<B, I, O>, AccelerateError>
+    ) -> Result<DataLoaderShard<B, I, O>, AccelerateError>
     where
         I: 'static,
         O: Send + 'static,
         D: Dataset<I> + 'static,
         Bt: Batcher<B, I, O> + 'static,
     {
-        DataLoader::with_progress(
+        DataLoaderShard::with_progress(
             dataset,
             batcher,
             batch_size,

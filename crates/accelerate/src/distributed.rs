@@ -11,7 +11,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::data::DataLoader;
+use crate::data::DataLoaderShard;
 use crate::group::{Group, counted};
 use crate::{AccelerateError, Accelerator, AcceleratorConfig, AnyStrategy};
 
@@ -213,14 +213,14 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         dataset: D,
         batcher: Bt,
         batch_size: usize,
-    ) -> Result<DataLoader<B, I, O>, AccelerateError>
+    ) -> Result<DataLoaderShard<B, I, O>, AccelerateError>
     where
         I: 'static,
         O: Send + 'static,
         D: Dataset<I> + 'static,
         Bt: Batcher<B, I, O> + 'static,
     {
-        DataLoader::new(dataset, batcher, batch_size, self.device.clone())?
+        DataLoaderShard::new(dataset, batcher, batch_size, self.device.clone())?
             .shard(self.rank(), self.world_size())
     }
 

@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
-use afterburner::data::DataLoader;
+use afterburner::data::DataLoaderShard;
 use afterburner::demos::{ImageBatch, digits};
 use afterburner::parallel::DistributedSampler;
 use afterburner::{Accelerator, AcceleratorConfig, Strategy};
@@ -130,7 +130,7 @@ fn a_burn_dataset_and_batcher_plug_into_the_accelerator_unchanged() {
 
 /// Every batch of `epochs` epochs, as (images, labels) values.
 fn contents(
-    loader: &DataLoader<Flex, afterburner::demos::ImageItem, ImageBatch<Flex>>,
+    loader: &DataLoaderShard<Flex, afterburner::demos::ImageItem, ImageBatch<Flex>>,
     epochs: usize,
 ) -> Vec<(Vec<f32>, Vec<i64>)> {
     (0..epochs)
@@ -149,7 +149,7 @@ fn prefetched_and_inline_loaders_give_identical_batches() {
     let data = digits::load().unwrap().take(100);
     for (rank, world, drop_last) in [(0, 1, false), (0, 1, true), (2, 3, false), (1, 3, true)] {
         let loader = |prefetch: usize| {
-            DataLoader::<Flex, _, _>::new(data.clone(), data.batcher(), 16, Default::default())
+            DataLoaderShard::<Flex, _, _>::new(data.clone(), data.batcher(), 16, Default::default())
                 .unwrap()
                 .shuffle(11)
                 .shard(rank, world)
@@ -260,9 +260,10 @@ fn dropping_an_iterator_mid_epoch_stops_its_thread() {
     let made = Arc::new(AtomicUsize::new(0));
     let ids = InMemDataset::new((0..100_000).collect::<Vec<usize>>());
     assert_eq!(ids.len(), 100_000);
-    let loader = DataLoader::<Flex, _, _>::new(ids, Counting(made.clone()), 1, Default::default())
-        .unwrap()
-        .prefetch(4);
+    let loader =
+        DataLoaderShard::<Flex, _, _>::new(ids, Counting(made.clone()), 1, Default::default())
+            .unwrap()
+            .prefetch(4);
     let (done, finished) = mpsc::channel();
     let watched = std::thread::spawn(move || {
         let mut it = loader.epoch(0);

@@ -9,13 +9,13 @@ use afterburner::demos::{ImageDataset, digits};
 use afterburner::parallel::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp};
 use afterburner::trainer::{
     HfSchedule, IntervalStrategy, OptimizerType, SchedulerType, TrainLoss, Trainer,
-    TrainingArguments,
+    TrainingArguments, optimizer_from_args,
 };
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Group, Strategy};
 use burn::backend::Flex;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer, SgdConfig};
+use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::Tensor;
 use common::{B, BATCHER, flatten, params, rng_lock, vit};
 
@@ -348,4 +348,52 @@ fn a_strategy_from_another_crate_trains_through_the_trainer() {
         assert!(*all_reduces >= 3, "{all_reduces}");
     }
     assert_eq!(results[0].1, results[1].1, "the ranks agree");
+}
+
+/// One Accelerator step of `model` on 16 digits from `start`.
+fn one_step<O: Optimizer<Vit<B>, B>>(
+    acc: &mut Accelerator<B>,
+    model: Vit<B>,
+    optim: &mut O,
+    start: usize,
+) -> Vit<B> {
+    let batch = common::digits_batch(start, 16);
+    let logits = acc
+        .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+        .unwrap();
+    acc.backward(common::cross_entropy(logits, &batch), &model)
+        .unwrap();
+    acc.step(model, optim, &mut 1e-3).unwrap()
+}
+
+#[test]
+fn a_checkpoint_of_burns_plain_adamw_loads_into_the_trainers_optimizer() {
+    // Before `optim`, the Trainer's optimizer was Burn's OptimizerAdaptor<AdamW>: a checkpoint
+    // it saved loads into HfOptimizer (optim = "adamw") and the run continues as the plain
+    // optimizer would, bitwise.
+    let _rng = rng_lock();
+    let args = TrainingArguments::default();
+    let plain = || {
+        AdamWConfig::new()
+            .with_epsilon(args.adam_epsilon as f32)
+            .with_weight_decay(args.weight_decay as f32)
+            .init::<B, Vit<B>>()
+    };
+    let dir = common::scratch_dir("plain-adamw-checkpoint");
+    let mut acc = Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
+    let (mut model, mut optim) = acc.setup(vit(5), plain()).unwrap();
+    for start in [0, 16] {
+        model = one_step(&mut acc, model, &mut optim, start);
+    }
+    acc.save_state(&dir, &model, &optim, &1e-3).unwrap();
+    let expected = flatten(&params(&one_step(&mut acc, model, &mut optim, 32)));
+
+    let mut acc = Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
+    let (model, hf) = acc
+        .setup(vit(6), optimizer_from_args::<B, Vit<B>>(&args))
+        .unwrap();
+    let (model, mut hf, _) = acc.load_state(&dir, model, hf, 1e-3).unwrap();
+    let resumed = flatten(&params(&one_step(&mut acc, model, &mut hf, 32)));
+    assert_eq!(resumed, expected);
+    std::fs::remove_dir_all(dir).ok();
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use afterburner::data::DataLoader;
+use afterburner::data::DataLoaderShard;
 use afterburner::demos::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, digits};
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
@@ -137,7 +137,7 @@ pub fn bench<B: Backend>(o: &Options) -> Result<(), String> {
         width: SIDE,
     };
     let loader = |depth: usize| {
-        DataLoader::<B, _, _>::new(data.clone(), batcher, o.batch_size, device.clone())
+        DataLoaderShard::<B, _, _>::new(data.clone(), batcher, o.batch_size, device.clone())
             .map(|loader| loader.shuffle(0).prefetch(depth))
             .map_err(|e| e.to_string())
     };

@@ -84,7 +84,7 @@ impl<B: Backend, I: 'static, O: Send + 'static> Source<B, I, O> {
     }
 }
 
-/// The batches of one epoch; see [`DataLoader::epoch`](super::DataLoader::epoch).
+/// The batches of one epoch; see [`DataLoaderShard::epoch`](super::DataLoaderShard::epoch).
 ///
 /// Each batch handed out moves the loader's [`DataProgress`], so a batch prepared ahead but
 /// never received does not count. Dropping the iterator early stops its background thread.

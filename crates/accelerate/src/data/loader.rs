@@ -1,4 +1,4 @@
-//! [`DataLoader`]: a Burn dataset and batcher, read by one sampler, batched on the device.
+//! [`DataLoaderShard`]: a Burn dataset and batcher, read by one sampler, batched on the device.
 
 use std::sync::{Arc, Mutex};
 
@@ -11,7 +11,7 @@ use super::DataProgress;
 use super::epoch::{BatchMaker, EpochIter};
 use crate::AccelerateError;
 
-/// Batches prepared ahead by default (see [`DataLoader::prefetch`]).
+/// Batches prepared ahead by default (see [`DataLoaderShard::prefetch`]).
 pub const DEFAULT_PREFETCH: usize = 2;
 
 /// Batches of any Burn [`Dataset`] made by any Burn [`Batcher`] on one device, the order
@@ -23,7 +23,7 @@ pub const DEFAULT_PREFETCH: usize = 2;
 /// the current one; the batches are the same as without it.
 ///
 /// ```
-/// use afterburner::data::DataLoader;
+/// use afterburner::data::DataLoaderShard;
 /// use burn::backend::Flex;
 /// use burn::data::dataloader::batcher::Batcher;
 /// use burn::data::dataset::InMemDataset;
@@ -37,18 +37,18 @@ pub const DEFAULT_PREFETCH: usize = 2;
 /// }
 ///
 /// let dataset = InMemDataset::new(vec![1, 2, 3, 4, 5]);
-/// let loader = DataLoader::<Flex, _, _>::new(dataset, Sum, 2, Default::default())?;
+/// let loader = DataLoaderShard::<Flex, _, _>::new(dataset, Sum, 2, Default::default())?;
 /// assert_eq!(loader.epoch(0).collect::<Vec<_>>(), [3, 7, 5]);
 /// # Ok::<(), afterburner::AccelerateError>(())
 /// ```
-pub struct DataLoader<B: Backend, I, O> {
+pub struct DataLoaderShard<B: Backend, I, O> {
     maker: BatchMaker<B, I, O>,
     sampler: DistributedSampler,
     prefetch: usize,
     progress: Arc<Mutex<DataProgress>>,
 }
 
-impl<B: Backend, I: 'static, O: Send + 'static> DataLoader<B, I, O> {
+impl<B: Backend, I: 'static, O: Send + 'static> DataLoaderShard<B, I, O> {
     /// A loader over `dataset` making batches of `batch_size` with `batcher` on `device`, in
     /// order, keeping the last smaller batch. Errors on a zero batch size or an empty dataset.
     pub fn new<D, Bt>(
@@ -175,9 +175,9 @@ mod tests {
         }
     }
 
-    fn loader(n: usize, bs: usize) -> DataLoader<Flex, usize, Vec<usize>> {
+    fn loader(n: usize, bs: usize) -> DataLoaderShard<Flex, usize, Vec<usize>> {
         let items = InMemDataset::new((0..n).collect());
-        DataLoader::new(items, Ids, bs, Default::default()).unwrap()
+        DataLoaderShard::new(items, Ids, bs, Default::default()).unwrap()
     }
 
     #[test]
@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn bad_settings_are_errors() {
-        let err = DataLoader::<Flex, usize, Vec<usize>>::new(
+        let err = DataLoaderShard::<Flex, usize, Vec<usize>>::new(
             InMemDataset::new(vec![1]),
             Ids,
             0,
@@ -239,7 +239,7 @@ mod tests {
         .unwrap();
         assert!(err.to_string().contains("batch_size"), "{err}");
         let empty = InMemDataset::new(Vec::<usize>::new());
-        let err = DataLoader::<Flex, _, _>::new(empty, Ids, 1, Default::default())
+        let err = DataLoaderShard::<Flex, _, _>::new(empty, Ids, 1, Default::default())
             .err()
             .unwrap();
         assert!(err.to_string().contains("dataset"), "{err}");

@@ -1,10 +1,11 @@
 //! Data: a device-aware loader over Burn's own `Dataset` and `Batcher`.
 //!
-//! - [`DataLoader`]: batches of any `burn::data::dataset::Dataset` made by any
+//! - [`DataLoaderShard`]: batches of any `burn::data::dataset::Dataset` made by any
 //!   `burn::data::dataloader::batcher::Batcher` on the training device, shuffled per epoch from
 //!   a seed, sharded across ranks by afterburner-parallel's `DistributedSampler`, prepared
 //!   ahead on a background thread, resumable at a batch index. A batcher written for
-//!   burn-train works unchanged.
+//!   burn-train works unchanged. Named as Accelerate's `DataLoaderShard`, so it does not
+//!   shadow Burn's `DataLoader` trait.
 //!
 //! The built-in datasets (digits, CIFAR-10) and image batcher are in
 //! [`demos`](crate::demos).
@@ -15,5 +16,8 @@ mod prefetch;
 mod progress;
 
 pub use epoch::EpochIter;
-pub use loader::{DEFAULT_PREFETCH, DataLoader};
+pub use loader::{DEFAULT_PREFETCH, DataLoaderShard};
+/// The earlier name of [`DataLoaderShard`], kept so code written against it compiles.
+#[doc(hidden)]
+pub type DataLoader<B, I, O> = DataLoaderShard<B, I, O>;
 pub use progress::DataProgress;

@@ -67,7 +67,7 @@ pub use optim::{ArgsOptimizer, ArgsState, ArgsStateItem, HfOptimizer, optimizer_
 pub use schedule::HfSchedule;
 pub use state::{LogEntry, Metrics, TrainSummary, TrainerState};
 
-use crate::data::DataLoader;
+use crate::data::DataLoaderShard;
 use crate::{AccelerateError, Accelerator, AnyStrategy};
 use metrics::ShardOf;
 use output::RunLog;
@@ -135,9 +135,9 @@ pub struct Trainer<
     schedule: L,
     /// The learning rate of the last optimizer step (logged as `learning_rate`).
     last_lr: Option<f64>,
-    train: DataLoader<B, I, TB>,
+    train: DataLoaderShard<B, I, TB>,
     /// This rank's share of the evaluation data (`None` when it has no item).
-    eval: Option<DataLoader<Inner<B>, I, EB>>,
+    eval: Option<DataLoaderShard<Inner<B>, I, EB>>,
     epochs: usize,
     metrics: Vec<Box<dyn EvalMetric<EO>>>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
@@ -250,7 +250,7 @@ where
         let eval = match shard.is_empty() {
             true => None,
             false => Some(
-                DataLoader::new(
+                DataLoaderShard::new(
                     shard,
                     batcher,
                     args.per_device_eval_batch_size,
