@@ -104,3 +104,33 @@ fn bad_input_is_one_named_error_with_exit_two() {
         );
     }
 }
+
+#[test]
+fn the_trainer_example_launches_its_ranks_for_a_distributed_strategy() {
+    let out_dir = std::env::temp_dir().join(format!("afterburner-vit-ddp-{}", std::process::id()));
+    let out = example(
+        "vit_classify",
+        &[
+            "--strategy",
+            "ddp",
+            "--devices",
+            "2",
+            "--max-steps",
+            "2",
+            "--eval-strategy",
+            "no",
+            "--save-strategy",
+            "no",
+            "--load-best-model-at-end",
+            "false",
+            "--output-dir",
+            out_dir.to_str().expect("a UTF-8 temp dir"),
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Rank 0 alone prints the summary, with what DDP sent.
+    assert_eq!(stdout.matches("trained 2 steps").count(), 1, "{stdout}");
+    assert!(stdout.contains("comm_bytes_per_step"), "{stdout}");
+    std::fs::remove_dir_all(out_dir).ok();
+}

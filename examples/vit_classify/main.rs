@@ -9,16 +9,22 @@
 //! ```
 //! Every `TrainingArguments` key is an option (`--help` lists them with this example's
 //! defaults); checkpoints, `log.jsonl` and the best model (`model.safetensors`) go to
-//! `--output-dir` (default `runs/vit_classify`).
+//! `--output-dir` (default `runs/vit_classify`). `--strategy ddp --devices 2` (or zero-1,
+//! fsdp, local-sgd, diloco) trains on several devices: the example starts one Trainer per
+//! rank itself. It prints the last evaluation's accuracy (the final model) and the best
+//! model's, which `load_best_model_at_end` reloads.
 
 #[path = "../minimal/backend.rs"]
 mod backend;
 
-use afterburner::demos::models::VitConfig;
-use afterburner::demos::{cifar10, digits};
+use afterburner::demos::models::{Vit, VitConfig};
+use afterburner::demos::{ImageBatch, ImageItem, cifar10, digits};
 use afterburner::trainer::{IntervalStrategy, SchedulerType, Trainer, TrainingArguments};
 use afterburner::weights::Layout;
+use afterburner::{AccelerateError, Accelerator};
 use burn::data::dataset::Dataset;
+use burn::tensor::backend::AutodiffBackend;
+use burn::train::ClassificationOutput;
 use burn::train::metric::AccuracyMetric;
 
 use backend::{B, device};
@@ -83,14 +89,57 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     let batcher = train.batcher();
     let model = vit.with_num_classes(10).init::<B>(&device());
-    let mut trainer =
-        Trainer::new(model, args, train, test, batcher)?.with_metrics((AccuracyMetric::new(),));
-    println!("{}", trainer.train()?);
-    let metrics = trainer.evaluate()?;
-    println!("test accuracy (best model): {:.2}%", accuracy(&metrics));
+    if !args.strategy.is_distributed() {
+        let trainer = Trainer::new(model, args, train, test, batcher)?;
+        return train_and_report(trainer.with_metrics((AccuracyMetric::new(),)));
+    }
+    // `--strategy ddp --devices 2` (or zero-1, fsdp, ...): one Trainer per rank, each on its
+    // rank's Accelerator; rank 0 prints.
+    let config = args.accelerator_config();
+    Accelerator::<B>::run(config, move |acc| {
+        let trainer = Trainer::on(
+            acc,
+            model.clone(),
+            args.clone(),
+            train.clone(),
+            test.clone(),
+            batcher,
+        )?;
+        train_and_report(trainer.with_metrics((AccuracyMetric::new(),)))
+            .map_err(|e| AccelerateError::Usage(e.to_string()))
+    })?;
+    Ok(())
+}
+
+/// The Trainer of this example (one rank's under a distributed strategy).
+type VitTrainer =
+    Trainer<B, Vit<B>, ImageItem, ImageBatch<B>, ImageBatch<Inner>, ClassificationOutput<Inner>>;
+
+/// The inner (evaluation) backend.
+type Inner = <B as AutodiffBackend>::InnerBackend;
+
+/// Trains, evaluates the best model on the test images and saves it; the main process
+/// prints the final and the best model's accuracy.
+fn train_and_report(mut trainer: VitTrainer) -> Result<(), Box<dyn std::error::Error>> {
+    let summary = trainer.train()?;
+    let main = trainer.accelerator().is_main_process();
+    let last_eval = trainer
+        .state()
+        .log_history
+        .iter()
+        .rev()
+        .find_map(|entry| entry.values.get("eval_accuracy"));
+    let best = accuracy(&trainer.evaluate()?);
     let saved = trainer.args().output_dir.join("model.safetensors");
     trainer.save_model(&saved, Layout::Burn)?;
-    println!("model saved to {}", saved.display());
+    if main {
+        println!("{summary}");
+        if let Some(last) = last_eval {
+            println!("test accuracy (final model): {last:.2}%");
+        }
+        println!("test accuracy (best model): {best:.2}%");
+        println!("model saved to {}", saved.display());
+    }
     Ok(())
 }
 

@@ -273,12 +273,41 @@ fn with_charts(
     std::fs::create_dir_all(&o.out).map_err(|e| format!("creating {}: {e}", o.out))?;
     let mut md = md.to_string();
     for chart in charts {
+        let mut chart = chart.clone();
+        if o.quick {
+            chart.title.push_str(QUICK_TITLE);
+        }
         let file = format!("{suite}-{}-{}.svg", o.backend, chart.name);
         let path = format!("{}/{file}", o.out);
         std::fs::write(&path, chart.svg()).map_err(|e| format!("writing {path}: {e}"))?;
         md.push_str(&format!("\n![{}]({file})\n", chart.title));
     }
     Ok(md)
+}
+
+/// What a `--quick` chart's title ends with.
+const QUICK_TITLE: &str = " (--quick: not a measurement)";
+
+/// The banner a `--quick` report starts with.
+const QUICK_BANNER: &str = "> --quick: one round of a few steps, to check that the suite runs. \
+These figures are not measurements and no conclusion is drawn from them; run without --quick \
+to measure.";
+
+/// A `--quick` report: the banner, the suite's first line, its tables and charts, and none of
+/// its sentences (they draw conclusions from the figures).
+fn quick_report(md: &str) -> String {
+    let mut lines = vec![QUICK_BANNER.to_string(), String::new()];
+    let mut described = false;
+    for line in md.lines() {
+        let table_or_chart = line.starts_with('|') || line.starts_with("![") || line.is_empty();
+        if table_or_chart || line.starts_with('#') {
+            lines.push(line.to_string());
+        } else if !described {
+            lines.push(line.to_string());
+            described = true;
+        }
+    }
+    lines.join("\n")
 }
 
 /// Prints the markdown table and writes `<out>/<suite>-<backend>.{json,md}`.
@@ -288,6 +317,10 @@ pub fn write_report<T: serde::Serialize>(
     rows: &[T],
     md: &str,
 ) -> Result<(), String> {
+    let md = match o.quick {
+        true => quick_report(md),
+        false => md.to_string(),
+    };
     println!("{md}");
     std::fs::create_dir_all(&o.out).map_err(|e| format!("creating {}: {e}", o.out))?;
     let base = format!("{}/{suite}-{}", o.out, o.backend);
@@ -320,4 +353,24 @@ fn start_timing<B: AutodiffBackend>(device: &B::Device) -> Instant {
     B::sync(device).ok();
     alloc::reset_peak();
     Instant::now()
+}
+
+#[cfg(test)]
+mod quick_tests {
+    use super::*;
+
+    #[test]
+    fn a_quick_report_is_marked_and_draws_no_conclusion() {
+        let md = "ViT on digits, 2 steps.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n\
+                  The Accelerator is 3% slower.\n\n![chart](c.svg)\n";
+        let quick = quick_report(md);
+        assert!(quick.starts_with("> --quick"), "{quick}");
+        assert!(quick.contains("not measurements"), "{quick}");
+        assert!(
+            quick.contains("ViT on digits") && quick.contains("| 1 | 2 |"),
+            "{quick}"
+        );
+        assert!(quick.contains("![chart](c.svg)"), "{quick}");
+        assert!(!quick.contains("slower"), "a conclusion was kept: {quick}");
+    }
 }

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 /// One chart: a title, the unit of the values, and a labelled bar per scenario.
+#[derive(Clone)]
 pub struct Chart {
     /// File name part: `<suite>-<backend>-<name>.svg`.
     pub name: String,

@@ -116,14 +116,35 @@ impl RunLog {
         let rate = items.map_or(String::new(), |n| {
             format!(" | {:.0} items/s", n as f64 / secs)
         });
-        eprintln!(
+        let line = format!(
             "[{done}/{total} | epoch {:.2}{rate} | ETA {}] {}",
             entry.epoch,
             clock(eta),
             entry.values
         );
+        match &self.bar {
+            // Through the bar: it is cleared, the line printed, the bar drawn again below it
+            // (no stale bar left in the scrollback); the bar shows the last loss and rate.
+            Some(bar) => {
+                bar.println(line);
+                if let Some(message) = bar_message(entry, items, secs) {
+                    bar.set_message(message);
+                }
+            }
+            None => eprintln!("{line}"),
+        }
         Ok(())
     }
+}
+
+/// What the progress bar shows after a training log: its loss and the items per second so
+/// far (`None` for an evaluation, which has no training loss).
+fn bar_message(entry: &LogEntry, items: Option<u64>, secs: f64) -> Option<String> {
+    let loss = entry.values.get("loss")?;
+    let rate = items.map_or(String::new(), |n| {
+        format!(" | {:.0} items/s", n as f64 / secs.max(1e-9))
+    });
+    Some(format!("loss {loss:.4}{rate}"))
 }
 
 /// An entry as one JSON object: `{"step": .., "epoch": .., "loss": .., ...}`.
@@ -141,4 +162,33 @@ fn json_line(entry: &LogEntry) -> String {
 fn clock(secs: f64) -> String {
     let secs = secs.max(0.0) as u64;
     format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trainer::Metrics;
+
+    #[test]
+    fn the_bar_shows_the_last_loss_and_the_rate() {
+        let mut values = Metrics::default();
+        values.insert("loss", 0.25);
+        let entry = LogEntry {
+            step: 10,
+            epoch: 0.5,
+            values,
+        };
+        assert_eq!(
+            bar_message(&entry, Some(640), 2.0).as_deref(),
+            Some("loss 0.2500 | 320 items/s")
+        );
+        let mut values = Metrics::default();
+        values.insert("eval_loss", 0.3);
+        let eval = LogEntry {
+            step: 10,
+            epoch: 0.5,
+            values,
+        };
+        assert_eq!(bar_message(&eval, None, 2.0), None);
+    }
 }

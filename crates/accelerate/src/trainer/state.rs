@@ -29,9 +29,21 @@ impl fmt::Display for Metrics {
         let parts: Vec<String> = self
             .0
             .iter()
-            .map(|(name, value)| format!("{name} = {value:.6}"))
+            .map(|(name, value)| format!("{name} = {}", shown(*value)))
             .collect();
         f.write_str(&parts.join(", "))
+    }
+}
+
+/// A value as a log line shows it: counts (bytes, calls, steps) as whole numbers, tiny ones
+/// (a learning rate) in scientific notation, the rest to 6 decimals.
+fn shown(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else if value != 0.0 && value.abs() < 1e-3 {
+        format!("{value:.3e}")
+    } else {
+        format!("{value:.6}")
     }
 }
 
@@ -106,5 +118,22 @@ impl fmt::Display for TrainSummary {
             f.write_str(" (stopped early)")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_print_whole_and_tiny_rates_readable() {
+        let mut m = Metrics::default();
+        m.insert("comm_bytes_per_step", 414574.0);
+        m.insert("learning_rate", 2e-5);
+        m.insert("loss", 0.25);
+        assert_eq!(
+            m.to_string(),
+            "comm_bytes_per_step = 414574, learning_rate = 2.000e-5, loss = 0.250000"
+        );
     }
 }
