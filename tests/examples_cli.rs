@@ -134,3 +134,47 @@ fn the_trainer_example_launches_its_ranks_for_a_distributed_strategy() {
     assert!(stdout.contains("comm_bytes_per_step"), "{stdout}");
     std::fs::remove_dir_all(out_dir).ok();
 }
+
+#[test]
+fn training_into_another_runs_checkpoints_warns_unless_overwrite_output_dir() {
+    let out_dir =
+        std::env::temp_dir().join(format!("afterburner-vit-again-{}", std::process::id()));
+    let dir = out_dir.to_str().expect("a UTF-8 temp dir");
+    let mut args = vec![
+        "--max-steps",
+        "1",
+        "--eval-strategy",
+        "no",
+        "--save-strategy",
+        "steps",
+        "--save-steps",
+        "1",
+        "--load-best-model-at-end",
+        "false",
+        "--output-dir",
+        dir,
+    ];
+    let first = example("vit_classify", &args);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    assert!(
+        !text(&first.stderr).contains("another run"),
+        "{}",
+        text(&first.stderr)
+    );
+    let again = example("vit_classify", &args);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("checkpoints of another run"),
+        "{}",
+        text(&again.stderr)
+    );
+    args.push("--overwrite-output-dir");
+    let meant = example("vit_classify", &args);
+    assert!(meant.status.success(), "{}", text(&meant.stderr));
+    assert!(
+        !text(&meant.stderr).contains("another run"),
+        "{}",
+        text(&meant.stderr)
+    );
+    std::fs::remove_dir_all(out_dir).ok();
+}

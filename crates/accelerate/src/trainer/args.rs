@@ -20,6 +20,9 @@ pub struct TrainingArguments {
     /// Where checkpoints (`checkpoint-<step>/`), the metrics log (`log.jsonl`) and the final
     /// model go. Default "trainer_output".
     pub output_dir: PathBuf,
+    /// Train afresh into an `output_dir` that holds another run's checkpoints without the
+    /// warning that says so (HF's flag; nothing is deleted either way). Default false.
+    pub overwrite_output_dir: bool,
     /// Epochs to train (may be fractional). Default 3.0. Ignored when `max_steps` > 0.
     pub num_train_epochs: f64,
     /// Optimizer steps to train; overrides `num_train_epochs` when > 0. Default -1.
@@ -140,6 +143,7 @@ impl Default for TrainingArguments {
     fn default() -> Self {
         Self {
             output_dir: PathBuf::from("trainer_output"),
+            overwrite_output_dir: false,
             num_train_epochs: 3.0,
             max_steps: -1,
             per_device_train_batch_size: 8,

@@ -9,6 +9,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "output_dir",
         "directory of checkpoints, log.jsonl and the final model",
     ),
+    (
+        "overwrite_output_dir",
+        "train afresh into an output_dir with checkpoints, no warning",
+    ),
     ("num_train_epochs", "epochs to train (may be fractional)"),
     (
         "max_steps",

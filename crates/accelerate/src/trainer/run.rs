@@ -50,6 +50,7 @@ where
     /// points; stops early when a callback asks; reloads the best model at the end when
     /// `load_best_model_at_end` is set. Every rank calls it.
     pub fn train(&mut self) -> Result<TrainSummary, AccelerateError> {
+        self.warn_of_another_run();
         if let Some(resume) = self.args.resume_from_checkpoint.clone() {
             let dir = resolve_checkpoint(&self.args.output_dir, &resume)?;
             let planned = self.state.max_steps;
@@ -433,6 +434,28 @@ where
             callback.on_save(&self.state, &dir);
         }
         Ok(dir)
+    }
+
+    /// Warns (main process) when a fresh run trains into an `output_dir` that holds
+    /// checkpoints already: its own will mix with them (rotation may delete theirs, "latest"
+    /// picks the newest of either), unless `overwrite_output_dir` says it is meant.
+    fn warn_of_another_run(&self) {
+        let fresh = self.args.resume_from_checkpoint.is_none() && self.state.global_step == 0;
+        if !fresh || self.args.overwrite_output_dir || !self.acc.is_main_process() {
+            return;
+        }
+        let found = list_checkpoints(&self.args.output_dir);
+        if let Some((newest, _)) = found.last() {
+            tracing::warn!(
+                output_dir = %self.args.output_dir.display(),
+                checkpoints = found.len(),
+                newest,
+                "output_dir holds checkpoints of another run: this run's will mix with them \
+                 (save_total_limit may delete them, \"latest\" resumes from the newest of \
+                 either); resume with resume_from_checkpoint = \"latest\", pick another \
+                 output_dir, or set overwrite_output_dir to train here anyway"
+            );
+        }
     }
 
     /// As HF's Trainer at the end of training: with `save_total_limit = 1` and a best
