@@ -357,7 +357,12 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         o.rounds
     );
     for r in &rows {
-        let _ = writeln!(md, "| {} | {:.3} | {} |", r.scenario, r.value, r.unit);
+        // Bytes and counts are whole numbers: no decimals for them.
+        let value = match r.unit.as_str() {
+            "B" | "count" if r.value.fract() == 0.0 => format!("{:.0}", r.value),
+            _ => format!("{:.3}", r.value),
+        };
+        let _ = writeln!(md, "| {} | {value} | {} |", r.scenario, r.unit);
     }
     super::write_report(o, "ddp", &rows, &md)
 }
