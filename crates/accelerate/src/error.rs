@@ -48,6 +48,10 @@ pub enum AccelerateError {
     /// through `forward` on the model `setup` returned).
     #[error("{0}")]
     NoGradients(String),
+    /// A batch could not be made from the dataset's items (the batcher refused them: images
+    /// of another size, say).
+    #[error("bad data: {0}")]
+    BadData(String),
     /// The ranks disagree: one failed where the others succeeded, or they hold different
     /// data (parts of different saves, different values for one collective).
     #[error("{0}")]

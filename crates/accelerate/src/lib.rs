@@ -41,6 +41,7 @@ mod gradients;
 mod group;
 mod outcome;
 mod parts;
+mod quiet;
 mod record;
 mod rotation;
 mod sharded_state;

@@ -3,6 +3,8 @@
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::thread::{self, JoinHandle};
 
+use crate::quiet::{panic_message, quietly};
+
 /// Runs a function over a list of jobs on a background thread, at most `depth` finished
 /// results waiting (plus the one being made), and hands them over in the jobs' order.
 ///
@@ -12,7 +14,8 @@ use std::thread::{self, JoinHandle};
 pub(crate) struct Prefetcher<O> {
     /// `None` once every result is handed over (or on drop, before the join).
     receiver: Option<Receiver<O>>,
-    worker: Option<JoinHandle<()>>,
+    /// Ends with the message of a panic while making a result, if one did.
+    worker: Option<JoinHandle<Option<String>>>,
 }
 
 impl<O: Send + 'static> Prefetcher<O> {
@@ -27,10 +30,17 @@ impl<O: Send + 'static> Prefetcher<O> {
             .name("afterburner-prefetch".into())
             .spawn(move || {
                 for job in jobs {
-                    if sender.send(make(job)).is_err() {
-                        return; // the consumer is gone
+                    // A panic is raised again on the consumer's thread, which prints it (or
+                    // turns it into an error, as the Trainer does): not here as well.
+                    let made = match quietly(|| make(job)) {
+                        Ok(made) => made,
+                        Err(panic) => return Some(panic_message(panic.as_ref())),
+                    };
+                    if sender.send(made).is_err() {
+                        return None; // the consumer is gone
                     }
                 }
+                None
             })?;
         Ok(Self {
             receiver: Some(receiver),
@@ -46,10 +56,11 @@ impl<O: Send + 'static> Prefetcher<O> {
             // The thread ended: every job done, or it panicked.
             Err(_) => {
                 self.receiver = None;
-                if let Some(Err(panic)) = self.worker.take().map(JoinHandle::join) {
-                    std::panic::resume_unwind(panic);
+                match self.worker.take().map(JoinHandle::join) {
+                    Some(Ok(Some(message))) => std::panic::panic_any(message),
+                    Some(Err(panic)) => std::panic::resume_unwind(panic),
+                    _ => None,
                 }
-                None
             }
         }
     }

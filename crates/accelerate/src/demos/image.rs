@@ -40,7 +40,23 @@ pub struct ImageBatcher {
 impl<B: Backend> Batcher<B, ImageItem, ImageBatch<B>> for ImageBatcher {
     fn batch(&self, items: Vec<ImageItem>, device: &B::Device) -> ImageBatch<B> {
         let n = items.len();
-        let mut pixels = Vec::with_capacity(n * self.channels * self.height * self.width);
+        let size = self.channels * self.height * self.width;
+        if let Some((i, item)) = items
+            .iter()
+            .enumerate()
+            .find(|(_, it)| it.pixels.len() != size)
+        {
+            // Burn's Batcher returns no Result: a named panic, which the Trainer turns into
+            // AccelerateError::BadData (ImageDataset::new checks every image up front).
+            panic!(
+                "ImageBatcher: image {i} of this batch holds {} values, not {}x{}x{} = {size}",
+                item.pixels.len(),
+                self.channels,
+                self.height,
+                self.width
+            );
+        }
+        let mut pixels = Vec::with_capacity(n * size);
         let mut labels = Vec::with_capacity(n);
         for item in items {
             pixels.extend_from_slice(&item.pixels);

@@ -1,16 +1,15 @@
 //! Checks on a model part before it is saved or loaded: no inf/NaN parameter is saved, and a
 //! loaded record has the model's structure and every parameter's shape.
 
-use std::cell::Cell;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
-use std::sync::Once;
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, ElementConversion, Tensor};
 
 use afterburner_parallel::ParallelStrategy;
+
+use crate::quiet::quietly;
 
 use super::StateParts;
 use crate::AccelerateError;
@@ -98,30 +97,6 @@ pub(super) fn load_structure<B: AutodiffBackend, M: AutodiffModule<B>>(
                  another length?); nothing was loaded"
             .into(),
     })
-}
-
-thread_local! {
-    /// Whether a panic on this thread is one [`quietly`] turns into an error.
-    static QUIET: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f`, catching a panic without its text on stderr (the caller reports it as an error
-/// of its own). Panics elsewhere, on other threads or outside, print as before: the hook
-/// installed once here hands them to the hook that was in place.
-fn quietly<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !QUIET.with(Cell::get) {
-                previous(info);
-            }
-        }));
-    });
-    let was = QUIET.replace(true);
-    let result = catch_unwind(AssertUnwindSafe(f));
-    QUIET.set(was);
-    result
 }
 
 /// `template` with `record` loaded, after checking the record has its structure and every

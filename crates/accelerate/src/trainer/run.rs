@@ -23,6 +23,7 @@ use super::{
     TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
+use crate::quiet::{panic_message, quietly};
 use crate::{AccelerateError, StepOutcome};
 
 /// Where in the loop an event happens.
@@ -80,7 +81,8 @@ where
             }
             let skip = if epoch == start_epoch { start_batch } else { 0 };
             let mut stepped = false;
-            for (i, batch) in self.train.epoch_from(epoch, skip).enumerate() {
+            let mut epoch_batches = self.train.epoch_from(epoch, skip).enumerate();
+            while let Some((i, batch)) = next_batch(&mut epoch_batches)? {
                 let model = self.model.take().ok_or_else(lost_model)?;
                 let (loss, value) = match per_item {
                     true => {
@@ -350,7 +352,8 @@ where
             .map(|eval| eval.epoch(0))
             .into_iter()
             .flatten();
-        for (i, batch) in batches.enumerate() {
+        let mut batches = batches.enumerate();
+        while let Some((i, batch)) = next_batch(&mut batches)? {
             let output = model.step(batch);
             let in_batch = per_batch.min(total - i * per_batch);
             items += in_batch;
@@ -546,4 +549,10 @@ fn interval(every: f64, total: u64) -> u64 {
         true => ((total as f64 * every).ceil() as u64).max(1),
         false => every as u64,
     }
+}
+
+/// The next batch of `batches`; a panic while making it (a batcher given items it cannot
+/// stack, like images of another size) is [`AccelerateError::BadData`] with its message.
+fn next_batch<T>(batches: &mut impl Iterator<Item = T>) -> Result<Option<T>, AccelerateError> {
+    quietly(|| batches.next()).map_err(|panic| AccelerateError::BadData(panic_message(&*panic)))
 }
