@@ -57,8 +57,14 @@ fn defaults() -> TrainingArguments {
     }
 }
 
+/// This example's own options, with their `--help` lines.
+const OWN_OPTIONS: &[&str] = &[
+    "data: the images: digits (default, built in) or cifar10",
+    "data-dir: CIFAR-10's binary folder (cifar-10-batches-bin), for --data cifar10",
+];
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (args, own) = defaults().with_args(std::env::args().skip(1), &["data", "data-dir"])?;
+    let (args, own) = defaults().with_args(std::env::args().skip(1), OWN_OPTIONS)?;
     let data = own.get("data").map_or("digits", String::as_str);
     let (train, test, vit) = match data {
         "digits" => {

@@ -32,7 +32,9 @@ impl TrainingArguments {
 
     /// These arguments (a program's own defaults) overridden by a `--config` file, then by
     /// the command-line options `args`, as in [`from_args`](Self::from_args). The program's
-    /// own options `extra` (kebab-case names without the dashes, each taking a value) are
+    /// own options `extra` (kebab-case names without the dashes, each taking a value; a name
+    /// may be followed by `: ` and the line `--help` shows for it, e.g.
+    /// `"data: digits (default) or cifar10"`) are
     /// accepted too and returned by name.
     pub fn with_args<I, S>(
         &self,
@@ -92,7 +94,7 @@ impl TrainingArguments {
             };
             if name == "config" {
                 config_file = Some(value()?);
-            } else if extra.contains(&name.as_str()) {
+            } else if extra.iter().any(|e| option_name(e) == name) {
                 own.insert(name.clone(), value()?);
             } else if let Some(default) = defaults.get(&key) {
                 let parsed = typed(&name, &value()?, default)?;
@@ -100,7 +102,8 @@ impl TrainingArguments {
                 overrides.insert(key, parsed);
             } else {
                 let known = defaults.keys().map(String::as_str);
-                let known = known.chain(extra.iter().copied()).chain(["config", "help"]);
+                let own = extra.iter().map(|e| option_name(e));
+                let known = known.chain(own).chain(["config", "help"]);
                 let reason = match nearest(&name, known) {
                     Some(near) => {
                         format!("unknown option; did you mean --{near}? (see --help)")
@@ -145,6 +148,11 @@ impl TrainingArguments {
         })?;
         Ok((args, own))
     }
+}
+
+/// The option name of a program's own option `extra` (before any `: description`).
+fn option_name(extra: &str) -> &str {
+    extra.split_once(':').map_or(extra, |(name, _)| name).trim()
 }
 
 /// Every key with its value in `args`, as JSON.

@@ -175,11 +175,11 @@ pub(super) fn help(defaults: &Map<String, Value>, extra: &[&str]) -> String {
             format!("{described} (default: {default})"),
         ));
     }
-    for name in extra {
-        rows.push((
-            format!("--{name} VALUE"),
-            "this program's own option".into(),
-        ));
+    for own in extra {
+        let (name, text) = own
+            .split_once(':')
+            .map_or((*own, "this program's own option"), |(n, t)| (n, t));
+        rows.push((format!("--{} VALUE", name.trim()), text.trim().to_string()));
     }
     let width = rows.iter().map(|(o, _)| o.len()).max().unwrap_or(0);
     let mut lines =
