@@ -58,7 +58,8 @@ fn defaults() -> TrainingArguments {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (args, own) = defaults().with_args(std::env::args().skip(1), &["prompt"])?;
+    let own_options = &["prompt: the text the trained model continues (default \"Phileas Fogg\")"];
+    let (args, own) = defaults().with_args(std::env::args().skip(1), own_options)?;
     let prompt = own
         .get("prompt")
         .map_or("Phileas Fogg", String::as_str)
