@@ -75,7 +75,8 @@ fn help_exits_zero_and_describes_each_option_with_its_values() {
 
 #[test]
 fn bad_input_is_one_named_error_with_exit_two() {
-    let cases: [(&str, &[&str], &str); 5] = [
+    let cases: [(&str, &[&str], &str); 6] = [
+        ("ddp", &["--workers", "two"], "--workers two"),
         ("minimal", &["--epochs", "0"], "--epochs"),
         ("minimal", &["--precision", "bf16-mixd"], "bf16-mixed"),
         ("minimal", &["--bogus"], "--bogus"),

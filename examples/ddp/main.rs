@@ -65,6 +65,14 @@ options:
   --mpi                  one rank per process started by mpirun (build with --features mpi)
   --help                 this text";
 
+/// `value` as the option `flag` wants it; an error names the option.
+fn parsed<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
+}
+
 fn main() -> std::process::ExitCode {
     backend::main_with(run)
 }
@@ -93,17 +101,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .next()
             .ok_or(format!("{flag} needs a value (see --help)"))?;
         match flag.as_str() {
-            "--workers" => workers = value.parse()?,
-            "--epochs" => epochs = value.parse()?,
-            "--batch-size" => batch_size = value.parse()?,
-            "--strategy" => strategy = value.parse()?,
-            "--local-sgd-steps" => local_sgd_steps = value.parse()?,
-            "--sync-every" => diloco.sync_every = value.parse()?,
-            "--fragments" => diloco.fragments = value.parse()?,
-            "--fragment-units" => diloco.fragment_units = value.parse()?,
-            "--delay" => diloco.delay = value.parse()?,
-            "--mixing" => diloco.mixing = Some(value.parse()?),
-            "--outer-dtype" => diloco.outer_dtype = value.parse()?,
+            "--workers" => workers = parsed(&flag, &value)?,
+            "--epochs" => epochs = parsed(&flag, &value)?,
+            "--batch-size" => batch_size = parsed(&flag, &value)?,
+            "--strategy" => strategy = parsed(&flag, &value)?,
+            "--local-sgd-steps" => local_sgd_steps = parsed(&flag, &value)?,
+            "--sync-every" => diloco.sync_every = parsed(&flag, &value)?,
+            "--fragments" => diloco.fragments = parsed(&flag, &value)?,
+            "--fragment-units" => diloco.fragment_units = parsed(&flag, &value)?,
+            "--delay" => diloco.delay = parsed(&flag, &value)?,
+            "--mixing" => diloco.mixing = Some(parsed(&flag, &value)?),
+            "--outer-dtype" => diloco.outer_dtype = parsed(&flag, &value)?,
             other => return Err(format!("unknown option '{other}' (see --help)").into()),
         }
     }

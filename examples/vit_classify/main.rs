@@ -85,11 +85,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => return Err(format!("--data {other}: expected digits or cifar10").into()),
     };
+    let length = match args.max_steps {
+        steps if steps > 0 => format!("{steps} steps"),
+        _ => format!("{} epochs", args.num_train_epochs),
+    };
     println!(
-        "{data}: {} train / {} test images, {} epochs, batch {}, {}",
+        "{data}: {} train / {} test images, {length}, batch {}, {}",
         train.len(),
         test.len(),
-        args.num_train_epochs,
         args.per_device_train_batch_size,
         args.effective_precision()
     );
