@@ -31,6 +31,8 @@ impl DeviceMemory {
 /// The memory of `device`, where backend `I` is one of Burn's CubeCL backends compiled in
 /// (cuda, wgpu); `None` elsewhere (flex: see the heap figures).
 pub fn device_memory<I: Backend>(device: &I::Device) -> Option<DeviceMemory> {
+    // A fused backend queues ops: run what is queued so the pools hold what is alive.
+    I::sync(device).ok();
     #[cfg(feature = "cuda")]
     if let Some(m) = cube::<I, burn_cubecl::cubecl::cuda::CudaRuntime>(device) {
         return Some(m);
@@ -43,16 +45,12 @@ pub fn device_memory<I: Backend>(device: &I::Device) -> Option<DeviceMemory> {
     None
 }
 
-/// The figures of CubeCL runtime `R`'s client, when `I`'s tensors are `R`'s.
+/// The figures of CubeCL runtime `R`'s client, when `I`'s devices are `R`'s (fused or not:
+/// the client is the device's, whatever wraps the backend).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn cube<I: Backend, R: burn_cubecl::CubeRuntime>(device: &I::Device) -> Option<DeviceMemory> {
-    use burn::tensor::Tensor;
-    let probe = Tensor::<I, 1>::zeros([1], device).into_primitive().tensor();
-    let boxed: Box<dyn std::any::Any> = Box::new(probe);
-    let cube = boxed
-        .downcast::<burn_cubecl::tensor::CubeTensor<R>>()
-        .ok()?;
-    let usage = cube.client.memory_usage().ok()?;
+    let device = (device as &dyn std::any::Any).downcast_ref::<R::Device>()?;
+    let usage = R::client(device).memory_usage().ok()?;
     Some(DeviceMemory {
         in_use_bytes: usage.bytes_in_use,
         reserved_bytes: usage.bytes_reserved,

@@ -24,6 +24,8 @@ mod burn_lm;
 mod checkpoint;
 mod data;
 mod ddp;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod fusion;
 mod linear;
 mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
@@ -90,6 +92,8 @@ const TORCH_DEFAULTS: Defaults = (4, 2, 32, 2);
 const LINEAR_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Autocast suite: (steps, warmup, batch size, rounds), as the checkpoint suite.
 const AUTOCAST_DEFAULTS: Defaults = (4, 2, 32, 2);
+/// Fusion suite: (steps, warmup, batch size, rounds); small, for a software Vulkan driver.
+const FUSION_DEFAULTS: Defaults = (3, 1, 4, 2);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
 const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
@@ -106,10 +110,11 @@ fn quick_defaults(suite: Suite) -> Defaults {
         Suite::Torch => (1, 1, 32, 1),
         Suite::Linear => (1, 1, 32, 1),
         Suite::Autocast => (1, 1, 32, 1),
+        Suite::Fusion => (1, 1, 2, 1),
     }
 }
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|fusion|all] \
 [--backend flex|cuda|wgpu|tch] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|burn-lm|all (checkpoint, linear, autocast, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
@@ -191,10 +196,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "data" => &[Suite::Data],
         "localsgd" => &[Suite::LocalSgd],
         "presets" => &[Suite::Presets],
+        "fusion" => &[Suite::Fusion],
         "torch" => &[Suite::Torch],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, \
+                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, fusion, \
                  presets, torch, all (all but presets and torch, which --preset and --torch \
                  select)"
             ));
@@ -212,6 +218,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Torch => TORCH_DEFAULTS,
             Suite::Linear => LINEAR_DEFAULTS,
             Suite::Autocast => AUTOCAST_DEFAULTS,
+            Suite::Fusion => FUSION_DEFAULTS,
         };
         on_backend(&given.options(defaults), suite)?;
     }
@@ -229,9 +236,14 @@ enum Suite {
     Torch,
     Linear,
     Autocast,
+    /// Fused vs unfused GPU backend (wgpu, cuda).
+    Fusion,
 }
 
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
+    if let Suite::Fusion = suite {
+        return fusion_on_backend(o);
+    }
     macro_rules! go {
         ($inner:ty) => {
             match suite {
@@ -244,6 +256,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Torch => torch::bench::<$inner>(o),
                 Suite::Linear => linear::bench::<$inner>(o),
                 Suite::Autocast => autocast::bench::<$inner>(o),
+                Suite::Fusion => fusion_on_backend(o),
             }
         };
     }
@@ -259,6 +272,34 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
         other => Err(format!(
             "backend '{other}' is not compiled in; build xtask with it: \
              cargo run --release -p xtask --features {other} -- bench --backend {other}"
+        )),
+    }
+}
+
+/// The fusion suite on the backend `--backend` names, fused and unfused side by side.
+fn fusion_on_backend(o: &Options) -> Result<(), String> {
+    if !cfg!(feature = "fusion") {
+        return Err(
+            "the fusion suite compares Burn's fused backend with the unfused one: \
+                    build xtask with the fusion feature (cargo run --release -p xtask \
+                    --features wgpu,fusion,autotune -- bench --suite fusion --backend wgpu)"
+                .into(),
+        );
+    }
+    match o.backend.as_str() {
+        #[cfg(feature = "wgpu")]
+        "wgpu" => fusion::bench::<
+            burn::backend::Wgpu,
+            burn_cubecl::CubeBackend<burn_cubecl::cubecl::wgpu::WgpuRuntime, f32, i32, u32>,
+        >(o),
+        #[cfg(feature = "cuda")]
+        "cuda" => fusion::bench::<
+            burn::backend::Cuda,
+            burn_cubecl::CubeBackend<burn_cubecl::cubecl::cuda::CudaRuntime, f32, i32, u8>,
+        >(o),
+        other => Err(format!(
+            "the fusion suite compares Burn's fused and unfused GPU backends: --backend wgpu \
+             or cuda (built with that feature), not '{other}'"
         )),
     }
 }

@@ -15,6 +15,9 @@ pub struct Report {
     pub backend: String,
     /// Burn's name of the backend on the device.
     pub backend_name: String,
+    /// Burn features this binary was built with that change the GPU kernels ("fusion",
+    /// "autotune"; none on flex).
+    pub built_with: Vec<String>,
     /// The GPUs the machine shows (`nvidia-smi -L`), empty off CUDA.
     pub gpus: Vec<String>,
     /// The first GPU's name and the driver version, where `nvidia-smi` tells.
@@ -45,6 +48,11 @@ impl Report {
     pub fn markdown(&self) -> String {
         let mut md = String::from("# gpu-check\n\n");
         let _ = writeln!(md, "- backend: {} ({})", self.backend, self.backend_name);
+        let built = match self.built_with.is_empty() {
+            true => "neither fusion nor autotune".to_string(),
+            false => self.built_with.join(", "),
+        };
+        let _ = writeln!(md, "- built with: {built}");
         if !self.gpus.is_empty() {
             let _ = writeln!(md, "- GPUs: {}", self.gpus.join("; "));
         }
@@ -120,4 +128,16 @@ impl Report {
         eprintln!("gpu-check: wrote {base}.md and {base}.json");
         Ok(())
     }
+}
+
+/// The kernel-changing Burn features compiled into this binary.
+pub fn built_with() -> Vec<String> {
+    let mut features = Vec::new();
+    if cfg!(feature = "fusion") {
+        features.push("fusion".to_string());
+    }
+    if cfg!(feature = "autotune") {
+        features.push("autotune".to_string());
+    }
+    features
 }

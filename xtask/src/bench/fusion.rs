@@ -1,0 +1,111 @@
+//! The fusion suite (`--suite fusion --backend wgpu|cuda`): the same Accelerator training
+//! steps on Burn's fused backend (`Fusion<CubeBackend<R>>`, what `burn::backend::Wgpu` and
+//! `Cuda` are with the `fusion` feature) and on the unfused one (`CubeBackend<R>`), side by
+//! side in one run, under `Autodiff<Autocast<_>>` at 32-true and, where the device has bf16,
+//! bf16-mixed per op. Reports ms per step and the unfused / fused time ratio; writes
+//! `bench-results/fusion-<backend>.*`.
+
+use std::fmt::Write as _;
+
+use afterburner::{Autocast, AutocastMode, CheckpointPolicy, Precision};
+use burn::backend::Autodiff;
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use serde::Serialize;
+
+use super::Options;
+use super::checkpoint::{Measured, Model, scenario_autocast};
+
+/// One (model, precision) row.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    model: String,
+    precision: String,
+    fused_ms_per_step: f64,
+    unfused_ms_per_step: f64,
+    /// Unfused time / fused time: above 1, fusion is faster.
+    speed_up: f64,
+    fused_final_loss: f64,
+    unfused_final_loss: f64,
+}
+
+/// Runs the suite: `Fused` and `Unfused` are the two builds of one runtime's backend.
+pub fn bench<Fused: Backend, Unfused: Backend>(o: &Options) -> Result<(), String> {
+    let models = Model::selected(o)?;
+    let device = Fused::Device::default();
+    let precisions: Vec<Precision> = [Precision::Full32, Precision::Bf16Mixed]
+        .into_iter()
+        .filter(|p| {
+            Fused::supports_dtype(&device, p.compute_dtype()) || p.compute_dtype() == DType::F32
+        })
+        .collect();
+    let total = models.len() * precisions.len() * o.rounds * 2;
+    let mut progress = super::progress::Progress::new("fusion", total);
+    let mut rows = Vec::new();
+    for &model in models {
+        for &precision in &precisions {
+            let (mut fused, mut unfused): (Option<Measured>, Option<Measured>) = (None, None);
+            for round in 0..o.rounds {
+                let what = format!("{model:?} {precision} round {}/{}", round + 1, o.rounds);
+                progress.next(format!("{what}: fused"));
+                let m = step_time::<Fused>(o, model, precision)?;
+                fused = Some(Measured::best(fused, m));
+                progress.next(format!("{what}: unfused"));
+                let m = step_time::<Unfused>(o, model, precision)?;
+                unfused = Some(Measured::best(unfused, m));
+            }
+            let (Some(f), Some(u)) = (fused, unfused) else {
+                continue;
+            };
+            let ms = |m: &Measured| m.time.as_secs_f64() * 1e3 / o.steps as f64;
+            rows.push(Row {
+                model: model.describe(o),
+                precision: precision.to_string(),
+                fused_ms_per_step: ms(&f),
+                unfused_ms_per_step: ms(&u),
+                speed_up: u.time.as_secs_f64() / f.time.as_secs_f64(),
+                fused_final_loss: f.final_loss,
+                unfused_final_loss: u.final_loss,
+            });
+        }
+    }
+    let skipped = match precisions.len() {
+        2 => String::new(),
+        _ => " bf16-mixed is left out: the device has no bf16.".to_string(),
+    };
+    let mut md = format!(
+        "Fused vs unfused, backend `{}`, `Autodiff<Autocast<_>>`, {} timed steps after {} \
+         warm-up, best of {} rounds.{skipped}\n\n| model | precision | fused ms/step | unfused \
+         ms/step | unfused / fused | final loss fused / unfused |\n|---|---|---|---|---|---|\n",
+        o.backend, o.steps, o.warmup, o.rounds
+    );
+    for r in &rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.1} | {:.2} | {:.4} / {:.4} |",
+            r.model,
+            r.precision,
+            r.fused_ms_per_step,
+            r.unfused_ms_per_step,
+            r.speed_up,
+            r.fused_final_loss,
+            r.unfused_final_loss
+        );
+    }
+    super::write_report(o, "fusion", &rows, &md)
+}
+
+/// The steps of `model` under `precision` (per op) on `I`.
+fn step_time<I: Backend>(
+    o: &Options,
+    model: Model,
+    precision: Precision,
+) -> Result<Measured, String> {
+    scenario_autocast::<Autodiff<Autocast<I>>>(
+        o,
+        model,
+        CheckpointPolicy::None,
+        precision,
+        AutocastMode::Auto,
+    )
+}
