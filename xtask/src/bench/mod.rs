@@ -92,8 +92,9 @@ const TORCH_DEFAULTS: Defaults = (4, 2, 32, 2);
 const LINEAR_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Autocast suite: (steps, warmup, batch size, rounds), as the checkpoint suite.
 const AUTOCAST_DEFAULTS: Defaults = (4, 2, 32, 2);
-/// Fusion suite: (steps, warmup, batch size, rounds); small, for a software Vulkan driver.
-const FUSION_DEFAULTS: Defaults = (3, 1, 4, 2);
+/// Fusion suite: (steps, warmup, batch size, rounds); small, for a software Vulkan driver,
+/// with 3 warm-up steps (fused kernels compile during the first ones: 1 was not enough).
+const FUSION_DEFAULTS: Defaults = (6, 3, 4, 1);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
 const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
