@@ -226,18 +226,24 @@ fn history(t: &DigitsTrainer, key: &str) -> Vec<(u64, f64)> {
         .collect()
 }
 
-#[test]
-fn rotation_keeps_the_best_checkpoint_and_the_newest() {
-    let _rng = rng_lock();
-    let args = TrainingArguments {
+/// An evaluation and a checkpoint every 2 steps, at most `limit` checkpoints kept, the best
+/// model reloaded at the end.
+fn best_kept(name: &str, limit: usize) -> TrainingArguments {
+    TrainingArguments {
         eval_strategy: IntervalStrategy::Steps,
         eval_steps: Some(2.0),
         save_strategy: IntervalStrategy::Steps,
         save_steps: 2.0,
-        save_total_limit: Some(2),
+        save_total_limit: Some(limit),
         load_best_model_at_end: true,
-        ..small_args("rotation")
-    };
+        ..small_args(name)
+    }
+}
+
+#[test]
+fn rotation_keeps_the_best_checkpoint_and_the_newest() {
+    let _rng = rng_lock();
+    let args = best_kept("rotation", 2);
     let out = args.output_dir.clone();
     let mut t = trainer(args, 6);
     let summary = t.train().unwrap();
@@ -283,15 +289,7 @@ fn rotation_keeps_the_best_checkpoint_and_the_newest() {
 #[test]
 fn a_limit_of_one_ends_with_only_the_best_checkpoint_as_hf() {
     let _rng = rng_lock();
-    let args = TrainingArguments {
-        eval_strategy: IntervalStrategy::Steps,
-        eval_steps: Some(2.0),
-        save_strategy: IntervalStrategy::Steps,
-        save_steps: 2.0,
-        save_total_limit: Some(1),
-        load_best_model_at_end: true,
-        ..small_args("limit-one")
-    };
+    let args = best_kept("limit-one", 1);
     let out = args.output_dir.clone();
     let mut t = trainer(args, 6);
     let summary = t.train().unwrap();
