@@ -6,6 +6,8 @@ use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Once;
 
+use crate::AccelerateError;
+
 thread_local! {
     /// Whether a panic on this thread is one [`quietly`] turns into an error.
     static QUIET: Cell<bool> = const { Cell::new(false) };
@@ -37,4 +39,12 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         (_, Some(text)) => text.clone(),
         _ => "a panic without a message".to_string(),
     }
+}
+
+/// The next batch of `batches`; a panic while making it (a batcher given items it cannot
+/// stack, like images of another size) is [`AccelerateError::BadData`] with its message.
+pub(crate) fn next_batch<T>(
+    batches: &mut impl Iterator<Item = T>,
+) -> Result<Option<T>, AccelerateError> {
+    quietly(|| batches.next()).map_err(|panic| AccelerateError::BadData(panic_message(&*panic)))
 }

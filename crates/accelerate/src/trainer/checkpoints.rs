@@ -104,6 +104,42 @@ pub fn checkpoints_to_delete(
         .collect()
 }
 
+/// The checkpoints in `output_dir` other than `best`: what HF's Trainer deletes at the end of
+/// training under `save_total_limit = 1`.
+pub(crate) fn all_but_best(output_dir: &Path, best: &Path) -> Vec<PathBuf> {
+    list_checkpoints(output_dir)
+        .into_iter()
+        .filter(|(_, dir)| !same_dir(dir, best))
+        .map(|(_, dir)| dir)
+        .collect()
+}
+
+/// Deletes the checkpoint directories `dirs`.
+pub(crate) fn delete_checkpoints(dirs: Vec<PathBuf>) -> Result<(), AccelerateError> {
+    for dir in dirs {
+        fs::remove_dir_all(&dir)
+            .map_err(|e| AccelerateError::io("delete old checkpoint", &dir, e))?;
+    }
+    Ok(())
+}
+
+/// Warns when `output_dir` holds checkpoints already, before a fresh run trains there: its
+/// own will mix with them (rotation may delete theirs, "latest" picks the newest of either).
+pub(crate) fn warn_of_another_run(output_dir: &Path) {
+    let found = list_checkpoints(output_dir);
+    if let Some((newest, _)) = found.last() {
+        tracing::warn!(
+            output_dir = %output_dir.display(),
+            checkpoints = found.len(),
+            newest,
+            "output_dir holds checkpoints of another run: this run's will mix with them \
+             (save_total_limit may delete them, \"latest\" resumes from the newest of \
+             either); resume with resume_from_checkpoint = \"latest\", pick another \
+             output_dir, or set overwrite_output_dir to train here anyway"
+        );
+    }
+}
+
 fn same_dir(a: &Path, b: &Path) -> bool {
     a == b
         || a.file_name()

@@ -33,6 +33,7 @@ mod callbacks;
 mod checkpoints;
 mod choices;
 mod cli;
+mod evaluate;
 mod help;
 mod metrics;
 mod optim;

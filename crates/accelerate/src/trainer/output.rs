@@ -113,9 +113,7 @@ impl RunLog {
             0 => 0.0,
             _ => secs / done as f64 * total.saturating_sub(done) as f64,
         };
-        let rate = items.map_or(String::new(), |n| {
-            format!(" | {:.0} items/s", n as f64 / secs)
-        });
+        let rate = rate(items, secs);
         let line = format!(
             "[{done}/{total} | epoch {:.2}{rate} | ETA {}] {}",
             entry.epoch,
@@ -127,7 +125,7 @@ impl RunLog {
             // (no stale bar left in the scrollback); the bar shows the last loss and rate.
             Some(bar) => {
                 bar.println(line);
-                if let Some(message) = bar_message(entry, items, secs) {
+                if let Some(message) = bar_message(entry, &rate) {
                     bar.set_message(message);
                 }
             }
@@ -137,13 +135,17 @@ impl RunLog {
     }
 }
 
-/// What the progress bar shows after a training log: its loss and the items per second so
-/// far (`None` for an evaluation, which has no training loss).
-fn bar_message(entry: &LogEntry, items: Option<u64>, secs: f64) -> Option<String> {
-    let loss = entry.values.get("loss")?;
-    let rate = items.map_or(String::new(), |n| {
+/// `" | N items/s"` for `items` processed in `secs` (empty when not counted).
+fn rate(items: Option<u64>, secs: f64) -> String {
+    items.map_or(String::new(), |n| {
         format!(" | {:.0} items/s", n as f64 / secs.max(1e-9))
-    });
+    })
+}
+
+/// What the progress bar shows after a training log: its loss and the `rate` text (`None`
+/// for an evaluation, which has no training loss).
+fn bar_message(entry: &LogEntry, rate: &str) -> Option<String> {
+    let loss = entry.values.get("loss")?;
     Some(format!("loss {loss:.4}{rate}"))
 }
 
@@ -171,24 +173,22 @@ mod tests {
 
     #[test]
     fn the_bar_shows_the_last_loss_and_the_rate() {
-        let mut values = Metrics::default();
-        values.insert("loss", 0.25);
-        let entry = LogEntry {
-            step: 10,
-            epoch: 0.5,
-            values,
+        let entry = |name: &str, value: f64| {
+            let mut values = Metrics::default();
+            values.insert(name, value);
+            LogEntry {
+                step: 10,
+                epoch: 0.5,
+                values,
+            }
         };
         assert_eq!(
-            bar_message(&entry, Some(640), 2.0).as_deref(),
+            bar_message(&entry("loss", 0.25), &rate(Some(640), 2.0)).as_deref(),
             Some("loss 0.2500 | 320 items/s")
         );
-        let mut values = Metrics::default();
-        values.insert("eval_loss", 0.3);
-        let eval = LogEntry {
-            step: 10,
-            epoch: 0.5,
-            values,
-        };
-        assert_eq!(bar_message(&eval, None, 2.0), None);
+        assert_eq!(
+            bar_message(&entry("eval_loss", 0.3), &rate(None, 2.0)),
+            None
+        );
     }
 }

@@ -1,29 +1,26 @@
 //! The Trainer's loop: steps through the Accelerator, then logs, evaluates, saves and stops
-//! at HF's points; and evaluation.
+//! at HF's points (evaluation itself: evaluate.rs).
 
-use std::fs;
 use std::path::PathBuf;
 
 use afterburner_parallel::ParallelStrategy;
-use afterburner_precision::cast_module;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, ElementConversion, Tensor, TensorData};
+use burn::tensor::{ElementConversion, Tensor, TensorData};
 use burn::train::InferenceStep;
-use burn::train::metric::{Adaptor, LossInput, LossMetric, Metric};
+use burn::train::metric::{Adaptor, LossInput};
 
-use super::EvalMetric;
 use super::checkpoints::{
-    checkpoint_dir, checkpoint_parts, checkpoints_to_delete, list_checkpoints, relocate_best,
+    all_but_best, checkpoint_dir, checkpoint_parts, checkpoints_to_delete, delete_checkpoints,
+    list_checkpoints, relocate_best, warn_of_another_run,
 };
-use super::metrics::metadata;
 use super::{
     EvalModel, Flow, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss,
     TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
-use crate::quiet::{panic_message, quietly};
+use crate::quiet::next_batch;
 use crate::{AccelerateError, StepOutcome};
 
 /// Where in the loop an event happens.
@@ -293,105 +290,6 @@ where
         Ok(())
     }
 
-    /// Evaluates, records the metrics, and tracks the best metric and early stopping.
-    fn evaluate_and_track(&mut self) -> Result<Metrics, AccelerateError> {
-        let metrics = self.evaluate()?;
-        let Some(name) = self.args.best_metric_name() else {
-            return Ok(metrics);
-        };
-        let Some(value) = metrics.get(&name) else {
-            let known: Vec<&str> = metrics.0.keys().map(String::as_str).collect();
-            return Err(AccelerateError::argument(
-                "metric_for_best_model",
-                &name,
-                format!("one of the evaluation metrics: {}", known.join(", ")),
-            ));
-        };
-        let greater = self.args.greater_is_better();
-        let better = |a: f64, b: f64| if greater { a > b } else { a < b };
-        let state = &mut self.state;
-        let improved = match state.best_metric {
-            None => true,
-            Some(best) => {
-                better(value, best) && (value - best).abs() > self.args.early_stopping_threshold
-            }
-        };
-        state.evals_without_improvement = match improved {
-            true => 0,
-            false => state.evals_without_improvement + 1,
-        };
-        if state.best_metric.is_none_or(|best| better(value, best)) {
-            state.best_metric = Some(value);
-            state.last_eval_was_best = true;
-        }
-        Ok(metrics)
-    }
-
-    /// Evaluates the model on the evaluation dataset: `eval_loss` and every metric, batch by
-    /// batch on this rank's share, combined across ranks by item count. The model runs
-    /// without autodiff (no dropout), in f32 for the `*-true` modes. Every rank calls it.
-    pub fn evaluate(&mut self) -> Result<Metrics, AccelerateError> {
-        let model = self
-            .acc
-            .full_model(self.model.as_ref().ok_or_else(lost_model)?)?;
-        let model = match self.acc.precision().param_dtype() {
-            DType::F32 => model,
-            _ => cast_module(model, DType::F32),
-        };
-        let model = model.valid();
-        for metric in &mut self.metrics {
-            metric.clear();
-        }
-        let total = self.eval.as_ref().map_or(0, |eval| eval.len());
-        let per_batch = self.args.per_device_eval_batch_size;
-        // The loss per item (HF's eval_loss), not per batch: the last batch may be short.
-        let (mut loss_sum, mut items) = (0.0, 0usize);
-        let batches = self
-            .eval
-            .as_ref()
-            .map(|eval| eval.epoch(0))
-            .into_iter()
-            .flatten();
-        let mut batches = batches.enumerate();
-        while let Some((i, batch)) = next_batch(&mut batches)? {
-            let output = model.step(batch);
-            let in_batch = per_batch.min(total - i * per_batch);
-            items += in_batch;
-            let meta = metadata(items, total, self.state.global_step);
-            let mut loss = LossMetric::<Inner<B>>::new();
-            Metric::update(&mut loss, &output.adapt(), &meta);
-            loss_sum += EvalMetric::<EO>::value(&loss).0 * in_batch as f64;
-            for metric in &mut self.metrics {
-                metric.update(&output, &meta);
-            }
-        }
-        let mut sums = vec![loss_sum, items as f64];
-        for metric in &self.metrics {
-            let (value, count) = metric.value();
-            sums.push(if count == 0 {
-                0.0
-            } else {
-                value * count as f64
-            });
-            sums.push(count as f64);
-        }
-        let sums = self.sum_across_ranks(sums)?;
-        if sums[1] == 0.0 {
-            return Err(AccelerateError::argument(
-                "eval_dataset",
-                "empty",
-                "at least one item to evaluate on",
-            ));
-        }
-        let mut metrics = Metrics::default();
-        metrics.insert("eval_loss", sums[0] / sums[1]);
-        for (metric, pair) in self.metrics.iter().zip(sums[2..].chunks(2)) {
-            metrics.insert(metric.key(), pair[0] / pair[1]);
-        }
-        self.record(metrics.clone())?;
-        Ok(metrics)
-    }
-
     /// The error ending a run stopped by a signal, after saving a checkpoint (unless this run
     /// just saved this step's).
     fn stop_on_signal(&mut self) -> AccelerateError {
@@ -427,10 +325,7 @@ where
         {
             let all = list_checkpoints(&self.args.output_dir);
             let best = self.state.best_model_checkpoint.as_deref();
-            for old in checkpoints_to_delete(&all, limit, best) {
-                fs::remove_dir_all(&old)
-                    .map_err(|e| AccelerateError::io("delete old checkpoint", &old, e))?;
-            }
+            delete_checkpoints(checkpoints_to_delete(&all, limit, best))?;
         }
         self.acc.barrier()?;
         for callback in &mut self.callbacks {
@@ -440,43 +335,25 @@ where
     }
 
     /// Warns (main process) when a fresh run trains into an `output_dir` that holds
-    /// checkpoints already: its own will mix with them (rotation may delete theirs, "latest"
-    /// picks the newest of either), unless `overwrite_output_dir` says it is meant.
+    /// checkpoints already, unless `overwrite_output_dir` says it is meant.
     fn warn_of_another_run(&self) {
         let fresh = self.args.resume_from_checkpoint.is_none() && self.state.global_step == 0;
-        if !fresh || self.args.overwrite_output_dir || !self.acc.is_main_process() {
-            return;
-        }
-        let found = list_checkpoints(&self.args.output_dir);
-        if let Some((newest, _)) = found.last() {
-            tracing::warn!(
-                output_dir = %self.args.output_dir.display(),
-                checkpoints = found.len(),
-                newest,
-                "output_dir holds checkpoints of another run: this run's will mix with them \
-                 (save_total_limit may delete them, \"latest\" resumes from the newest of \
-                 either); resume with resume_from_checkpoint = \"latest\", pick another \
-                 output_dir, or set overwrite_output_dir to train here anyway"
-            );
+        if fresh && !self.args.overwrite_output_dir && self.acc.is_main_process() {
+            warn_of_another_run(&self.args.output_dir);
         }
     }
 
     /// As HF's Trainer at the end of training: with `save_total_limit = 1` and a best
     /// checkpoint, the newest one (kept so far for resuming) goes and only the best remains.
     fn keep_only_the_best(&mut self) -> Result<(), AccelerateError> {
-        let Some(best) = self.state.best_model_checkpoint.clone() else {
+        let Some(best) = &self.state.best_model_checkpoint else {
             return Ok(());
         };
         if self.args.save_total_limit != Some(1) {
             return Ok(());
         }
         if self.acc.is_main_process() {
-            for (_, old) in list_checkpoints(&self.args.output_dir) {
-                if old.file_name() != best.file_name() {
-                    fs::remove_dir_all(&old)
-                        .map_err(|e| AccelerateError::io("delete old checkpoint", &old, e))?;
-                }
-            }
+            delete_checkpoints(all_but_best(&self.args.output_dir, best))?;
         }
         self.acc.barrier()
     }
@@ -500,7 +377,7 @@ where
     }
 
     /// Adds `values` to the log history and the log file.
-    fn record(&mut self, values: Metrics) -> Result<LogEntry, AccelerateError> {
+    pub(super) fn record(&mut self, values: Metrics) -> Result<LogEntry, AccelerateError> {
         self.record_with(values, None)
     }
 
@@ -527,7 +404,7 @@ where
     }
 
     /// Element-wise sums over ranks (the values themselves on one device).
-    fn sum_across_ranks(&self, values: Vec<f64>) -> Result<Vec<f64>, AccelerateError> {
+    pub(super) fn sum_across_ranks(&self, values: Vec<f64>) -> Result<Vec<f64>, AccelerateError> {
         if self.acc.world_size() == 1 {
             return Ok(values);
         }
@@ -549,10 +426,4 @@ fn interval(every: f64, total: u64) -> u64 {
         true => ((total as f64 * every).ceil() as u64).max(1),
         false => every as u64,
     }
-}
-
-/// The next batch of `batches`; a panic while making it (a batcher given items it cannot
-/// stack, like images of another size) is [`AccelerateError::BadData`] with its message.
-fn next_batch<T>(batches: &mut impl Iterator<Item = T>) -> Result<Option<T>, AccelerateError> {
-    quietly(|| batches.next()).map_err(|panic| AccelerateError::BadData(panic_message(&*panic)))
 }
