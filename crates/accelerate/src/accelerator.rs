@@ -173,7 +173,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
 
     /// The precision policy.
     pub fn precision(&self) -> Precision {
-        self.config.precision
+        self.precision.precision()
     }
 
     /// The precision plugin this Accelerator trains with (the policy, the per-op vs view
