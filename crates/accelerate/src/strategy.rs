@@ -136,6 +136,14 @@ impl<B: AutodiffBackend> ParallelStrategy<B> for AnyStrategy<B> {
         dispatch!(self, s => ParallelStrategy::<B>::setup(s, model))
     }
 
+    fn join<M, O>(&mut self, model: M, optimizer: &mut O) -> Result<(M, u64), ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        dispatch!(self, s => ParallelStrategy::<B>::join(s, model, optimizer))
+    }
+
     fn forward_view<M: Module<B>>(
         &self,
         model: &M,

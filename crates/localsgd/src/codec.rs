@@ -108,7 +108,10 @@ fn int8_mean<B: Backend, G: ProcessGroup<B> + ?Sized>(
     let wire = encode_int8(&host);
     let sent = Tensor::<B, 1>::from_data(TensorData::new(wire.clone(), [wire.len()]), &device);
     let mut sum = vec![0f32; len];
-    for part in group.all_gather(sent)? {
+    let parts = group.all_gather(sent)?;
+    // Divided by the parts received: a fault-tolerant group gathers the replicas present.
+    let count = parts.len().max(1) as f32;
+    for part in parts {
         let part = part
             .into_data()
             .convert::<f32>()
@@ -117,8 +120,7 @@ fn int8_mean<B: Backend, G: ProcessGroup<B> + ?Sized>(
         let decoded = decode_int8(&part, len)?;
         sum.iter_mut().zip(decoded).for_each(|(s, v)| *s += v);
     }
-    let world = group.world_size().max(1) as f32;
-    sum.iter_mut().for_each(|s| *s /= world);
+    sum.iter_mut().for_each(|s| *s /= count);
     Ok(Tensor::<B, 1>::from_data(TensorData::new(sum, [len]), &device).cast(dtype))
 }
 

@@ -6,7 +6,7 @@ use std::sync::{Mutex, PoisonError};
 
 use afterburner_parallel::{
     ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StrategyState,
-    broadcast_from_rank0, flat_params, with_flat_params,
+    broadcast_from_rank0, donate_live_state, flat_params, receive_live_state, with_flat_params,
 };
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -216,6 +216,50 @@ where
         }
     }
 
+    /// The fragments `model` splits into (an error if one would be empty).
+    fn fragments_of<M: AutodiffModule<B>>(&self, model: &M) -> Result<Fragments, ParallelError> {
+        let fragments =
+            Fragments::of_model(model, self.config.fragments, &self.config.fragment_units)?;
+        if let Some(empty) = (0..fragments.count()).find(|p| fragments.is_empty(*p)) {
+            return Err(ParallelError::InvalidConfig {
+                field: "diloco.fragments",
+                value: format!(
+                    "{} (fragment {empty} would hold no parameter of this model)",
+                    self.config.fragments
+                ),
+                expected: "at most as many fragments as the model has parameter groups",
+            });
+        }
+        Ok(fragments)
+    }
+
+    /// Keeps `model`'s parameters as the global copy, unless a model was set up before.
+    fn keep_global<M: AutodiffModule<B>>(&self, model: &M, fragments: Fragments) {
+        let mut global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
+        if global.is_none() {
+            *global = flat_params::<B, M>(model);
+            *self
+                .fragments
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(fragments);
+        }
+    }
+
+    /// Sends the live state to joining replicas if the group asked (after a sync).
+    fn donate<M, O>(&self, model: &M, optimizer: &O, step: u64) -> Result<(), ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        donate_live_state(
+            self.group.quorum(),
+            model,
+            optimizer,
+            || self.own_state(),
+            step,
+        )
+    }
+
     /// Whether this is plain DiLoCo (one fragment, no delay, replace).
     fn is_plain(&self) -> bool {
         self.config.fragments == 1 && self.config.delay == 0 && self.config.mixing() == 1.0
@@ -264,28 +308,30 @@ where
     /// global copy of.
     fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
         // Checked before any collective: every rank fails alike on a bad unit name.
-        let fragments =
-            Fragments::of_model(&model, self.config.fragments, &self.config.fragment_units)?;
-        if let Some(empty) = (0..fragments.count()).find(|p| fragments.is_empty(*p)) {
-            return Err(ParallelError::InvalidConfig {
-                field: "diloco.fragments",
-                value: format!(
-                    "{} (fragment {empty} would hold no parameter of this model)",
-                    self.config.fragments
-                ),
-                expected: "at most as many fragments as the model has parameter groups",
-            });
-        }
+        let fragments = self.fragments_of(&model)?;
         let model = broadcast_from_rank0(&self.group, model)?;
-        let mut global = self.global.lock().unwrap_or_else(PoisonError::into_inner);
-        if global.is_none() {
-            *global = flat_params::<B, M>(&model);
-            *self
-                .fragments
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(fragments);
-        }
+        self.keep_global(&model, fragments);
         Ok(model)
+    }
+
+    /// On a fault-tolerant group, a replica joining a run in progress takes a live replica's
+    /// parameters, inner optimizer state and DiLoCo state (global copy, outer momentum, sync
+    /// count, a pending exchange), and continues after its step.
+    fn join<M, O>(&mut self, model: M, optimizer: &mut O) -> Result<(M, u64), ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let Some(quorum) = self.group.quorum().filter(|q| q.is_joining()) else {
+            return Ok((self.setup(model)?, 0));
+        };
+        let fragments = self.fragments_of(&model)?;
+        let device = model.devices().into_iter().next().unwrap_or_default();
+        let (model, state, step) = receive_live_state(quorum, model, optimizer, &device)?;
+        self.keep_global(&model, fragments);
+        self.check_own_state(&state)?;
+        self.load_own_state(state);
+        Ok((model, step))
     }
 
     fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
@@ -299,7 +345,7 @@ where
     fn after_optimizer_step<M, O>(
         &mut self,
         model: M,
-        _optimizer: &mut O,
+        optimizer: &mut O,
         step: u64,
     ) -> Result<M, ParallelError>
     where
@@ -312,10 +358,10 @@ where
             return Ok(model);
         }
         let p = ((step / interval - 1) % self.config.fragments as u64) as usize;
-        match self.config.delay {
+        let model = match self.config.delay {
             0 => {
                 let gradient = self.exchange(&model, p)?;
-                self.apply(model, p, gradient, self.config.mixing())
+                self.apply(model, p, gradient, self.config.mixing())?
             }
             delay => {
                 let (gradient, dtype) = (self.outer_gradient(&model, p)?, self.config.outer_dtype);
@@ -324,9 +370,11 @@ where
                     fragment: p,
                     apply_at: step + delay as u64,
                 });
-                Ok(model)
+                model
             }
-        }
+        };
+        self.donate(&model, optimizer, step)?;
+        Ok(model)
     }
 
     /// Ends training with every rank on the global parameters: plain DiLoCo takes a last

@@ -5,7 +5,8 @@ use std::marker::PhantomData;
 
 use afterburner_parallel::{
     ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StrategyState,
-    average_optimizer_state, broadcast_from_rank0, flat_params, with_flat_params,
+    average_optimizer_state, broadcast_from_rank0, donate_live_state, flat_params,
+    receive_live_state, with_flat_params,
 };
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -88,6 +89,23 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Loca
         broadcast_from_rank0(&self.group, model)
     }
 
+    /// On a fault-tolerant group, a replica joining a run in progress takes a live replica's
+    /// parameters, optimizer state and average count, and continues after its step.
+    fn join<M, O>(&mut self, model: M, optimizer: &mut O) -> Result<(M, u64), ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let Some(quorum) = self.group.quorum().filter(|q| q.is_joining()) else {
+            return Ok((self.setup(model)?, 0));
+        };
+        let device = model.devices().into_iter().next().unwrap_or_default();
+        let (model, state, step) = receive_live_state(quorum, model, optimizer, &device)?;
+        self.check_own_state(&state)?;
+        self.load_own_state(state);
+        Ok((model, step))
+    }
+
     /// Ranks step on their own gradients: all skip an fp16 step if any overflowed, so they
     /// keep counting the same steps.
     fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
@@ -114,6 +132,13 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Loca
             let device = model.devices().into_iter().next().unwrap_or_default();
             average_optimizer_state::<B, M, O, G>(&self.group, &model, optimizer, &device)?;
         }
+        donate_live_state(
+            self.group.quorum(),
+            &model,
+            optimizer,
+            || self.own_state(),
+            step,
+        )?;
         Ok(model)
     }
 

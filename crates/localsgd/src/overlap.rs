@@ -5,7 +5,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use afterburner_parallel::{ParallelError, ProcessGroup, ReduceOp};
+use afterburner_parallel::{ParallelError, ProcessGroup, Quorum, ReduceOp};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
@@ -152,5 +152,9 @@ impl<B: Backend, G: ProcessGroup<B> + Clone + Send + 'static> ProcessGroup<B> fo
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
         self.wait();
         self.group.barrier(device)
+    }
+
+    fn quorum(&self) -> Option<&dyn Quorum> {
+        self.group.quorum()
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::{ParallelError, ProcessGroup, ReduceOp};
+use crate::{ParallelError, ProcessGroup, Quorum, ReduceOp};
 
 /// Collective calls and payload bytes so far, shared between a [`Counted`] group and whoever
 /// reports them.
@@ -87,5 +87,9 @@ impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for Counted<G> {
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
         self.traffic.count::<B>(None);
         self.engine.barrier(device)
+    }
+
+    fn quorum(&self) -> Option<&dyn Quorum> {
+        self.engine.quorum()
     }
 }

@@ -8,6 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
+use crate::quorum::refuse_quorum;
 use crate::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -49,6 +50,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
 
     /// Replaces every float parameter by rank 0's value (ids and `require_grad` kept).
     pub fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
+        refuse_quorum(&self.group, "DDP")?;
         broadcast_from_rank0(&self.group, model)
     }
 
@@ -58,6 +60,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         model: &M,
         grads: &mut GradientsParams,
     ) -> Result<(), ParallelError> {
+        refuse_quorum(&self.group, "DDP")?;
         let mut gather = GatherGrads::<B> {
             grads,
             parts: Vec::new(),
@@ -139,7 +142,7 @@ where
     }
 
     fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
-        broadcast_from_rank0(&self.group, model)
+        Ddp::setup(self, model)
     }
 
     fn gradient_all_reduces(&self) -> u64 {

@@ -3,7 +3,7 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::ParallelError;
+use crate::{ParallelError, Quorum};
 
 /// How values are combined across ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,13 @@ pub trait ProcessGroup<B: Backend>: Send {
     /// Returns once every rank has called it. Default: [`barrier_by_all_reduce`].
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
         barrier_by_all_reduce(self, device)
+    }
+
+    /// The quorum of a fault-tolerant group ([`QuorumGroup`](crate::QuorumGroup)), whose
+    /// collectives go on over the ranks present; `None` (the default) for a group whose ranks
+    /// all fail together.
+    fn quorum(&self) -> Option<&dyn Quorum> {
+        None
     }
 }
 
@@ -150,5 +157,9 @@ impl<B: Backend, G: ProcessGroup<B> + ?Sized> ProcessGroup<B> for Box<G> {
 
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
         (**self).barrier(device)
+    }
+
+    fn quorum(&self) -> Option<&dyn Quorum> {
+        (**self).quorum()
     }
 }

@@ -16,6 +16,9 @@
 //! The `afterburner` Accelerator uses these for `strategy = "ddp"` (`Accelerator::launch`).
 //! - `MpiGroup` + `launch_mpi` (feature `mpi`): one rank per process over MPI, started by
 //!   `mpirun` on one machine or several; a failing rank aborts the whole job.
+//! - [`Lighthouse`] + [`QuorumGroup`]: fault-tolerant replica groups for Local SGD and DiLoCo
+//!   (threads, or processes over TCP with [`LighthouseServer`] and [`connect_tcp`]): a replica
+//!   that dies is dropped and the others go on; a restarted one is healed from a live one.
 //!
 //! ## Alone, in a plain Burn loop
 //!
@@ -42,6 +45,7 @@ mod loopback;
 mod mpi;
 mod optimizer_state;
 mod params;
+mod quorum;
 mod record;
 pub mod rng;
 mod sampler;
@@ -66,6 +70,10 @@ pub use loopback::{LoopbackRun, run_on_loopback};
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use optimizer_state::average_optimizer_state;
 pub use params::{flat_params, param_ids, with_flat_params};
+pub use quorum::{
+    Lighthouse, LighthouseServer, Quorum, QuorumConfig, QuorumGroup, connect_tcp,
+    donate_live_state, receive_live_state,
+};
 pub use record::{mean_param_states, merge_param_states};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;

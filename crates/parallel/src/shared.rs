@@ -18,7 +18,7 @@ impl<G> SharedGroup<G> {
         Self(Arc::new(Mutex::new(group)))
     }
 
-    fn with<T>(&self, call: impl FnOnce(&G) -> T) -> T {
+    pub(crate) fn with<T>(&self, call: impl FnOnce(&G) -> T) -> T {
         call(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }

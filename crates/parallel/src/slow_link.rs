@@ -9,7 +9,7 @@ use std::time::Duration;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::{ParallelError, ProcessGroup, ReduceOp};
+use crate::{ParallelError, ProcessGroup, Quorum, ReduceOp};
 
 /// Wraps an engine: before each collective this rank sleeps `latency + bytes / bandwidth`
 /// (the bytes of the values it sends, in their dtype) and counts the bytes.
@@ -87,5 +87,9 @@ impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for SlowLink<G> {
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
         self.pay(0, 4);
         self.engine.barrier(device)
+    }
+
+    fn quorum(&self) -> Option<&dyn Quorum> {
+        self.engine.quorum()
     }
 }

@@ -84,6 +84,20 @@ pub trait ParallelStrategy<B: AutodiffBackend> {
         Ok(model)
     }
 
+    /// [`setup`](Self::setup) for a run that may be in progress: returns the model and the
+    /// step training continues after. `0` after a plain setup; on a replica that joins a
+    /// fault-tolerant run ([`Quorum::is_joining`](crate::Quorum::is_joining)), the model,
+    /// `optimizer` and strategy state received from a live replica, and the step it had
+    /// reached. Default: `setup`, step 0 (strategies without fault tolerance).
+    fn join<M, O>(&mut self, model: M, optimizer: &mut O) -> Result<(M, u64), ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let _ = optimizer;
+        Ok((self.setup(model)?, 0))
+    }
+
     /// The model one forward pass runs on, with the parameters cast to `compute` when given;
     /// `None` to run on `model` itself (the loop then applies its own precision view). On an
     /// error nothing is left pending for [`after_backward`](Self::after_backward).

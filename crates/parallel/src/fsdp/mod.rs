@@ -79,6 +79,7 @@ where
                 expected: "burn's Autodiff<_, _> backend (FSDP adds its own autodiff nodes)",
             });
         }
+        group.with(|g| crate::quorum::refuse_quorum::<Inner<B>, G>(g, "FSDP"))?;
         Ok(Self {
             config,
             exchange: Exchange {

@@ -1,0 +1,391 @@
+//! Fault-tolerant DiLoCo over in-process replica threads (a `Lighthouse`): one of 3 replicas
+//! dies in round 2, the other 2 go on with outer steps over the 2 present (checked against an
+//! outer optimizer fed by hand), the dead one restarts in round 4 and is healed with state
+//! bitwise equal to the live replicas', then all 3 end on the same parameters. Also: a replica
+//! that comes back after being dropped is refused, never averaged in; Local SGD heals too; DDP
+//! refuses a quorum group.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use afterburner_localsgd::{DiLoCo, DiLoCoConfig, LocalSgd, LocalSgdConfig, OuterSgd};
+use afterburner_parallel::{
+    Ddp, Lighthouse, ParallelError, ParallelStrategy, ProcessGroup, QuorumConfig, ReduceOp,
+    StrategyState, flat_params, with_flat_params,
+};
+use burn::backend::{Autodiff, Flex};
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::Tensor;
+
+type B = Autodiff<Flex>;
+type Model = Linear<B>;
+
+const H: u64 = 3; // inner steps per round
+const ROUNDS: u64 = 5;
+
+/// A fixed model (the backend's RNG is shared by tests running in parallel).
+fn model(seed: usize) -> Model {
+    let device = Default::default();
+    let linear: Model = LinearConfig::new(4, 2).init(&device);
+    let values: Vec<f32> = (0..10)
+        .map(|i| 0.2 - 0.05 * i as f32 + 0.01 * seed as f32)
+        .collect();
+    with_flat_params::<B, _>(linear, Tensor::from_floats(values.as_slice(), &device))
+}
+
+/// One AdamW step of replica `replica` at `step` on its own deterministic batch.
+fn inner_step<O: Optimizer<Model, B>>(
+    model: Model,
+    optim: &mut O,
+    replica: usize,
+    step: u64,
+) -> Model {
+    let device = Default::default();
+    let x: Vec<f32> = (0..8)
+        .map(|i| ((replica * 31 + step as usize * 7 + i) as f32 * 0.37).sin())
+        .collect();
+    let x = Tensor::<B, 1>::from_floats(x.as_slice(), &device).reshape([2, 4]);
+    let target = x.clone().sum_dim(1).repeat_dim(1, 2).mul_scalar(0.5);
+    let loss = (model.forward(x) - target).powi_scalar(2).mean();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    optim.step(1e-2, model, grads)
+}
+
+fn values(model: &Model) -> Vec<f32> {
+    flat_params::<B, _>(model)
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+fn global(state: &StrategyState) -> Vec<f32> {
+    state.tensor("global").unwrap().to_vec()
+}
+
+fn config() -> DiLoCoConfig {
+    DiLoCoConfig {
+        sync_every: H as usize,
+        outer_lr: 0.7,
+        outer_momentum: 0.9,
+        ..Default::default()
+    }
+}
+
+/// What one replica saw at each round: (round, members, local params before the sync,
+/// global before, global after).
+type Round = (u64, Vec<usize>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+struct Replica {
+    rounds: Vec<Round>,
+    /// The step it started after, and its state right after `join`.
+    joined: (u64, Vec<f32>, StrategyState),
+    /// Its state right after each sync step: step -> (params, DiLoCo state).
+    after: Vec<(u64, Vec<f32>, StrategyState)>,
+    last: Vec<f32>,
+}
+
+/// Where a replica pauses: at this step it says it arrived and waits to be let through.
+struct Gate {
+    step: u64,
+    arrived: mpsc::Sender<()>,
+    open: Arc<Mutex<mpsc::Receiver<()>>>,
+}
+
+/// Runs replica `id` until step `H * ROUNDS` (or until it dies at `die_at`), pausing at
+/// `gate`, saying on `connected` when it has connected to the lighthouse.
+fn run(
+    lighthouse: Arc<Lighthouse>,
+    id: usize,
+    die_at: Option<u64>,
+    gate: Option<Gate>,
+    connected: Option<mpsc::Sender<()>>,
+) -> Result<Replica, ParallelError> {
+    let device = Default::default();
+    let group = lighthouse.replica::<Flex>(id, &device)?;
+    if let Some(connected) = connected {
+        connected.send(()).unwrap();
+    }
+    let mut diloco = DiLoCo::<B, _>::new(group, config())?;
+    let mut optim = AdamWConfig::new().init::<B, Model>();
+    let (mut model, start) = diloco.join(model(id), &mut optim)?;
+    let mut replica = Replica {
+        rounds: Vec::new(),
+        joined: (start, values(&model), diloco.own_state()?),
+        after: Vec::new(),
+        last: Vec::new(),
+    };
+    for step in start + 1..=H * ROUNDS {
+        if die_at == Some(step) {
+            return Err(ParallelError::PeerFailed {
+                rank: id,
+                reason: "killed by the test".into(),
+            });
+        }
+        if let Some(gate) = gate.as_ref().filter(|g| g.step == step) {
+            gate.arrived.send(()).unwrap();
+            gate.open.lock().unwrap().recv().unwrap();
+        }
+        model = inner_step(model, &mut optim, id, step);
+        let before = (values(&model), global(&diloco.own_state()?));
+        model = diloco.after_optimizer_step(model, &mut optim, step)?;
+        if step % H == 0 {
+            let quorum = diloco.group().unwrap().quorum().unwrap();
+            let after = diloco.own_state()?;
+            replica.rounds.push((
+                step / H,
+                quorum.members(),
+                before.0,
+                before.1,
+                global(&after),
+            ));
+            replica.after.push((step, values(&model), after));
+        }
+    }
+    let model = diloco.finish(model, H * ROUNDS)?;
+    replica.last = values(&model);
+    Ok(replica)
+}
+
+#[test]
+fn a_dead_replica_is_dropped_and_healed_when_it_restarts() {
+    let quorum = QuorumConfig::new(3).with_join_timeout(Duration::from_secs(60));
+    let lighthouse = Lighthouse::new(quorum).unwrap();
+    // Replicas 0 and 2 pause at step 10 (in round 4) until replica 1 has restarted.
+    let (arrived, has_arrived) = mpsc::channel();
+    let (open, opened) = mpsc::channel();
+    let opened = Arc::new(Mutex::new(opened));
+    let survivors: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|id| {
+            let lighthouse = lighthouse.clone();
+            let gate = Gate {
+                step: 10,
+                arrived: arrived.clone(),
+                open: opened.clone(),
+            };
+            std::thread::spawn(move || run(lighthouse, id, None, Some(gate), None))
+        })
+        .collect();
+    // Replica 1 dies at step 5, in round 2.
+    let first = {
+        let lighthouse = lighthouse.clone();
+        std::thread::spawn(move || run(lighthouse, 1, Some(5), None, None))
+    };
+    let died = first.join().unwrap();
+    assert!(
+        matches!(died, Err(ParallelError::PeerFailed { .. })),
+        "{:?}",
+        died.err()
+    );
+    // It restarts (a fresh model and optimizer) once the survivors wait in round 4.
+    has_arrived.recv().unwrap();
+    has_arrived.recv().unwrap();
+    let (connected, is_connected) = mpsc::channel();
+    let restarted = {
+        let lighthouse = lighthouse.clone();
+        std::thread::spawn(move || run(lighthouse, 1, None, None, Some(connected)))
+    };
+    is_connected.recv().unwrap();
+    open.send(()).unwrap();
+    open.send(()).unwrap();
+    let survivors: Vec<Replica> = survivors
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    let rejoined = restarted.join().unwrap().unwrap();
+
+    // Membership per round, as each survivor saw it.
+    for survivor in &survivors {
+        let members: Vec<Vec<usize>> = survivor.rounds.iter().map(|r| r.1.clone()).collect();
+        assert_eq!(
+            members,
+            vec![
+                vec![0, 1, 2],
+                vec![0, 2],
+                vec![0, 2],
+                vec![0, 2],
+                vec![0, 1, 2]
+            ]
+        );
+    }
+    // The outer steps equal an outer optimizer fed by hand with the mean pseudo-gradient of
+    // the replicas present: 3 in round 1, the 2 survivors in rounds 2-4, 3 again in round 5.
+    let config = config();
+    let mut outer = OuterSgd::<Flex>::new(config.outer_lr, config.outer_momentum, config.nesterov);
+    let device = Default::default();
+    // The local parameters each replica present synced in `round`, in replica order.
+    let round_locals = |round: u64| -> Vec<Vec<f32>> {
+        let mut locals: Vec<Vec<f32>> = survivors
+            .iter()
+            .map(|s| s.rounds[round as usize - 1].2.clone())
+            .collect();
+        if let Some(r) = rejoined.rounds.iter().find(|r| r.0 == round) {
+            locals.insert(1, r.2.clone());
+        }
+        locals
+    };
+    for round in 2..=ROUNDS {
+        let (_, _, _, global_before, global_after) =
+            survivors[0].rounds[round as usize - 1].clone();
+        if round == 2 {
+            // The reference starts from the outer momentum the run had after round 1.
+            let after1 = &survivors[0].after[0].2;
+            outer.buffer = after1
+                .tensor("outer_momentum")
+                .map(|b| Tensor::from_floats(b, &device));
+        }
+        let locals = round_locals(round);
+        assert_eq!(
+            locals.len(),
+            if round == 5 { 3 } else { 2 },
+            "round {round}"
+        );
+        let n = global_before.len();
+        let mean: Vec<f32> = (0..n)
+            .map(|i| {
+                let sum: f32 = locals.iter().map(|l| global_before[i] - l[i]).sum();
+                sum / locals.len() as f32
+            })
+            .collect();
+        let want = outer.step(
+            Tensor::from_floats(global_before.as_slice(), &device),
+            Tensor::from_floats(mean.as_slice(), &device),
+        );
+        let want = want.into_data().to_vec::<f32>().unwrap();
+        for (i, (got, want)) in global_after.iter().zip(&want).enumerate() {
+            assert!(
+                (got - want).abs() < 1e-6,
+                "round {round} value {i}: {got} vs {want}"
+            );
+        }
+        // Both survivors hold the same global copy.
+        assert_eq!(
+            survivors[1].rounds[round as usize - 1].4,
+            global_after,
+            "round {round}"
+        );
+    }
+    // Healed in round 4: the rejoined replica continues after step 12 with exactly the state
+    // the donor (replica 0, the lowest live one) had right after that sync.
+    let (start, params, state) = &rejoined.joined;
+    assert_eq!(*start, 12);
+    let donor = survivors[0].after.iter().find(|a| a.0 == 12).unwrap();
+    assert_eq!(params, &donor.1, "parameters");
+    assert_eq!(
+        state, &donor.2,
+        "DiLoCo state (global copy, outer momentum, syncs)"
+    );
+    // All three finish on the same parameters.
+    assert_eq!(survivors[0].last, survivors[1].last);
+    assert_eq!(survivors[0].last, rejoined.last);
+}
+
+#[test]
+fn a_replica_dropped_for_a_timeout_is_refused_not_averaged_in() {
+    let lighthouse =
+        Lighthouse::new(QuorumConfig::new(2).with_timeout(Duration::from_millis(300))).unwrap();
+    let device = Default::default();
+    let slow = {
+        let lighthouse = lighthouse.clone();
+        std::thread::spawn(move || {
+            let group = lighthouse.replica::<Flex>(1, &device).unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            group.all_reduce(Tensor::from_floats([100.0], &device), ReduceOp::Mean)
+        })
+    };
+    let group = lighthouse.replica::<Flex>(0, &device).unwrap();
+    std::thread::sleep(Duration::from_millis(50)); // both connected before the first call
+    let mean = group
+        .all_reduce(Tensor::from_floats([2.0], &device), ReduceOp::Mean)
+        .unwrap();
+    assert_eq!(mean.into_data().to_vec::<f32>().unwrap(), vec![2.0]);
+    assert_eq!(group.quorum().unwrap().members(), vec![0]);
+    let refused = slow.join().unwrap().unwrap_err().to_string();
+    assert!(
+        refused.contains("dropped from the quorum") && refused.contains("stale"),
+        "{refused}"
+    );
+    // The next collective is over replica 0 alone.
+    let mean = group
+        .all_reduce(Tensor::from_floats([4.0], &device), ReduceOp::Mean)
+        .unwrap();
+    assert_eq!(mean.into_data().to_vec::<f32>().unwrap(), vec![4.0]);
+}
+
+#[test]
+fn local_sgd_heals_a_restarted_replica() {
+    let quorum = QuorumConfig::new(2).with_join_timeout(Duration::from_secs(20));
+    let lighthouse = Lighthouse::new(quorum).unwrap();
+    let config = LocalSgdConfig {
+        local_sgd_steps: 2,
+        ..Default::default()
+    };
+    let run = |lighthouse: Arc<Lighthouse>, id: usize, steps: u64, die_at: Option<u64>| {
+        let config = config.clone();
+        std::thread::spawn(
+            move || -> Result<(u64, Vec<f32>, Vec<f32>), ParallelError> {
+                let group = lighthouse.replica::<Flex>(id, &Default::default())?;
+                let mut local = LocalSgd::<B, _>::new(group, config)?;
+                let mut optim = AdamWConfig::new().init::<B, Model>();
+                let (mut model, start) = local.join(model(id), &mut optim)?;
+                let joined = values(&model);
+                for step in start + 1..=steps {
+                    if die_at == Some(step) {
+                        return Err(ParallelError::Record("killed".into()));
+                    }
+                    model = inner_step(model, &mut optim, id, step);
+                    model = local.after_optimizer_step(model, &mut optim, step)?;
+                    if step == 4 && id == 0 {
+                        std::thread::sleep(Duration::from_millis(300)); // replica 1 restarts
+                    }
+                }
+                Ok((start, joined, values(&local.finish(model, steps)?)))
+            },
+        )
+    };
+    let survivor = run(lighthouse.clone(), 0, 8, None);
+    assert!(
+        run(lighthouse.clone(), 1, 8, Some(3))
+            .join()
+            .unwrap()
+            .is_err()
+    );
+    let restarted = run(lighthouse.clone(), 1, 8, None);
+    let (_, _, last0) = survivor.join().unwrap().unwrap();
+    let (start, joined, last1) = restarted.join().unwrap().unwrap();
+    assert!(
+        start >= 4 && start % 2 == 0,
+        "healed after a sync step, got {start}"
+    );
+    assert_eq!(joined.len(), 10);
+    assert_eq!(last0, last1, "both end on the average");
+}
+
+#[test]
+fn ddp_refuses_a_quorum_group() {
+    let lighthouse = Lighthouse::new(QuorumConfig::new(1)).unwrap();
+    let group = lighthouse.replica::<Flex>(0, &Default::default()).unwrap();
+    let ddp = Ddp::<B, _>::new(group);
+    let error = ParallelStrategy::<B>::setup(&ddp, model(0))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("not independent"), "{error}");
+}
+
+#[test]
+fn bad_quorum_settings_are_named() {
+    let error = Lighthouse::new(QuorumConfig::new(2).with_min_replicas(3))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("quorum.min_replicas"), "{error}");
+    let lighthouse = Lighthouse::new(QuorumConfig::new(2)).unwrap();
+    let error = lighthouse
+        .replica::<Flex>(5, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("replica id"), "{error}");
+}

@@ -1,0 +1,320 @@
+//! [`QuorumGroup`]: one replica's handle on a fault-tolerant group, a [`ProcessGroup`] whose
+//! collectives are over the replicas present (through a [`Lighthouse`], in this process or
+//! over TCP).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData};
+
+use super::lighthouse::{Donation, Op, Reply, Session};
+use super::{Lighthouse, Quorum};
+use crate::{ParallelError, ProcessGroup, ReduceOp};
+
+/// What a replica's handle calls: the lighthouse itself, or a connection to one.
+pub(crate) trait Coordinator: Send + Sync {
+    /// Collective `seq` (see [`Lighthouse::collective`]).
+    fn collective(
+        &self,
+        session: &Session,
+        seq: u64,
+        op: Op,
+        values: Option<Vec<f32>>,
+    ) -> Result<Reply, ParallelError>;
+    /// A live state for the joiners (see [`Lighthouse::send_state`]).
+    fn send_state(
+        &self,
+        session: &Session,
+        next_seq: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), ParallelError>;
+    /// Waits for a live state (see [`Lighthouse::receive_state`]).
+    fn receive_state(&self, session: &Session) -> Result<Donation, ParallelError>;
+    /// Leaves the group.
+    fn leave(&self, session: &Session, reason: &str);
+}
+
+impl Coordinator for Lighthouse {
+    fn collective(
+        &self,
+        session: &Session,
+        seq: u64,
+        op: Op,
+        values: Option<Vec<f32>>,
+    ) -> Result<Reply, ParallelError> {
+        Lighthouse::collective(self, session, seq, op, values)
+    }
+
+    fn send_state(
+        &self,
+        session: &Session,
+        next_seq: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), ParallelError> {
+        Lighthouse::send_state(self, session, next_seq, bytes)
+    }
+
+    fn receive_state(&self, session: &Session) -> Result<Donation, ParallelError> {
+        Lighthouse::receive_state(self, session)
+    }
+
+    fn leave(&self, session: &Session, reason: &str) {
+        Lighthouse::leave(self, session, reason)
+    }
+}
+
+/// The part of a replica's handle its clones share; leaves the group when the last goes.
+struct Handle {
+    coordinator: Arc<dyn Coordinator>,
+    session: Session,
+    replicas: usize,
+    /// The number of collectives this replica has called (the next one's number).
+    seq: AtomicU64,
+    /// Still to be healed: no collective before [`Quorum::receive_state`].
+    joining: AtomicBool,
+    /// A joiner waits for this replica's state.
+    donate: AtomicBool,
+    members: Mutex<Vec<usize>>,
+    /// One collective at a time (clones may call from two threads).
+    calling: Mutex<()>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let reason = match std::thread::panicking() {
+            true => "its worker panicked",
+            false => "its handle was dropped (the worker finished or failed)",
+        };
+        self.coordinator.leave(&self.session, reason);
+    }
+}
+
+/// One replica of a fault-tolerant group: a [`ProcessGroup`] whose collectives combine the
+/// replicas present. A replica that fails, leaves or times out is dropped with a warning and
+/// the others go on: `Mean` divides by the replicas present, `all_gather` returns theirs.
+/// `rank()` is the replica id and `world_size()` the configured number of replicas, so data
+/// shards stay the same whoever is present. Cloning shares the handle (DiLoCo's background
+/// exchange); the replica leaves the group when its last clone is dropped.
+///
+/// Made by [`Lighthouse::replica`] (threads of one process) or
+/// [`connect_tcp`](super::connect_tcp) (processes). Use it with the replica strategies (Local
+/// SGD, DiLoCo), whose `join` heals a replica that joins a run in progress; DDP, ZeRO and FSDP
+/// refuse it (their replicas are not independent).
+pub struct QuorumGroup<B: Backend> {
+    handle: Arc<Handle>,
+    device: B::Device,
+}
+
+impl<B: Backend> Clone for QuorumGroup<B> {
+    fn clone(&self) -> Self {
+        Self {
+            handle: self.handle.clone(),
+            device: self.device.clone(),
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for QuorumGroup<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuorumGroup")
+            .field("replica", &self.handle.session.replica)
+            .field("replicas", &self.handle.replicas)
+            .finish()
+    }
+}
+
+impl Lighthouse {
+    /// Admits replica `replica` (below `config.replicas`) on `device`: a founding member if
+    /// the run has not finished its first collective, else a replica that joins it (its
+    /// strategy's `join` heals it first). An earlier handle of the same replica is dropped
+    /// from the group.
+    pub fn replica<B: Backend>(
+        self: &Arc<Self>,
+        replica: usize,
+        device: &B::Device,
+    ) -> Result<QuorumGroup<B>, ParallelError> {
+        let session = self.connect(replica)?;
+        let replicas = self.config().replicas;
+        Ok(QuorumGroup::new(self.clone(), session, replicas, device))
+    }
+}
+
+impl<B: Backend> QuorumGroup<B> {
+    pub(crate) fn new(
+        coordinator: Arc<dyn Coordinator>,
+        session: Session,
+        replicas: usize,
+        device: &B::Device,
+    ) -> Self {
+        Self {
+            handle: Arc::new(Handle {
+                coordinator,
+                joining: AtomicBool::new(session.joining),
+                session,
+                replicas,
+                seq: AtomicU64::new(0),
+                donate: AtomicBool::new(false),
+                members: Mutex::new(Vec::new()),
+                calling: Mutex::new(()),
+            }),
+            device: device.clone(),
+        }
+    }
+
+    /// One collective: `values` to the lighthouse, the combined values back as tensors.
+    fn call(
+        &self,
+        op: Op,
+        tensor: Option<Tensor<B, 1>>,
+    ) -> Result<(Vec<Tensor<B, 1>>, usize), ParallelError> {
+        let handle = &self.handle;
+        let replica = handle.session.replica;
+        if handle.joining.load(Ordering::SeqCst) {
+            return Err(ParallelError::Collective {
+                op: "collective",
+                rank: replica,
+                reason: format!(
+                    "replica {replica} joins a run in progress: it must receive a live state \
+                     (the strategy's join) before any collective"
+                ),
+            });
+        }
+        let dtype = tensor.as_ref().map_or(DType::F32, |t| t.dtype());
+        let values = tensor.map(host).transpose()?;
+        let _one_at_a_time = handle
+            .calling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let seq = handle.seq.fetch_add(1, Ordering::SeqCst);
+        let reply = handle
+            .coordinator
+            .collective(&handle.session, seq, op, values)?;
+        if reply.donate {
+            handle.donate.store(true, Ordering::SeqCst);
+        }
+        let count = reply.members.len();
+        *handle
+            .members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = reply.members;
+        let tensors = reply
+            .values
+            .into_iter()
+            .map(|v| {
+                let len = v.len();
+                Tensor::<B, 1>::from_data(TensorData::new(v, [len]), &self.device).cast(dtype)
+            })
+            .collect();
+        Ok((tensors, count))
+    }
+
+    fn one(&self, op: Op, tensor: Option<Tensor<B, 1>>) -> Result<Tensor<B, 1>, ParallelError> {
+        let (mut tensors, _) = self.call(op, tensor)?;
+        tensors.pop().ok_or_else(|| ParallelError::Collective {
+            op: "collective",
+            rank: self.handle.session.replica,
+            reason: "the lighthouse returned no values".into(),
+        })
+    }
+}
+
+/// A tensor's values as f32 on the host.
+fn host<B: Backend>(tensor: Tensor<B, 1>) -> Result<Vec<f32>, ParallelError> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| ParallelError::Record(format!("a collective's values: {e:?}")))
+}
+
+impl<B: Backend> ProcessGroup<B> for QuorumGroup<B> {
+    fn rank(&self) -> usize {
+        self.handle.session.replica
+    }
+
+    fn world_size(&self) -> usize {
+        self.handle.replicas
+    }
+
+    fn all_reduce(
+        &self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        let op = match op {
+            ReduceOp::Sum => Op::Sum,
+            ReduceOp::Mean => Op::Mean,
+        };
+        self.one(op, Some(tensor))
+    }
+
+    fn broadcast(
+        &self,
+        tensor: Option<Tensor<B, 1>>,
+        root: usize,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        self.one(Op::Broadcast(root), tensor)
+    }
+
+    /// The values of the replicas present, in replica order.
+    fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
+        Ok(self.call(Op::Gather, Some(tensor))?.0)
+    }
+
+    fn quorum(&self) -> Option<&dyn Quorum> {
+        Some(self)
+    }
+}
+
+impl<B: Backend> Quorum for QuorumGroup<B> {
+    fn replica(&self) -> usize {
+        self.handle.session.replica
+    }
+
+    fn is_joining(&self) -> bool {
+        self.handle.joining.load(Ordering::SeqCst)
+    }
+
+    fn members(&self) -> Vec<usize> {
+        self.handle
+            .members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn state_requested(&self) -> bool {
+        self.handle.donate.load(Ordering::SeqCst)
+    }
+
+    fn send_state(&self, state: Vec<u8>) -> Result<(), ParallelError> {
+        let handle = &self.handle;
+        let _one_at_a_time = handle
+            .calling
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let next_seq = handle.seq.load(Ordering::SeqCst);
+        handle
+            .coordinator
+            .send_state(&handle.session, next_seq, state)?;
+        handle.donate.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn receive_state(&self) -> Result<Vec<u8>, ParallelError> {
+        let handle = &self.handle;
+        let replica = handle.session.replica;
+        if !handle.joining.load(Ordering::SeqCst) {
+            return Err(ParallelError::Collective {
+                op: "receive_state",
+                rank: replica,
+                reason: format!("replica {replica} is a member already (it did not join late)"),
+            });
+        }
+        let donation = handle.coordinator.receive_state(&handle.session)?;
+        handle.seq.store(donation.next_seq, Ordering::SeqCst);
+        handle.joining.store(false, Ordering::SeqCst);
+        Ok(Arc::try_unwrap(donation.bytes).unwrap_or_else(|shared| (*shared).clone()))
+    }
+}

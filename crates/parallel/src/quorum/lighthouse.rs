@@ -1,0 +1,603 @@
+//! [`Lighthouse`]: the coordinator of a fault-tolerant replica group. It keeps the membership,
+//! runs every collective as a quorum of the replicas present (a member that fails, leaves or
+//! times out is dropped and the collective completes without it), and passes a live
+//! replica's state to a replica that joins. Host data only: [`QuorumGroup`](super::QuorumGroup)
+//! converts tensors, the TCP server ([`LighthouseServer`](super::LighthouseServer)) calls the
+//! same methods for replicas in other processes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::ParallelError;
+
+/// The settings of a fault-tolerant replica group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuorumConfig {
+    /// The replicas the run starts with (ids `0..replicas`).
+    pub replicas: usize,
+    /// How long a collective waits for a member that has not called it yet (counted from the
+    /// first member's call); then the member is dropped and the collective completes without it.
+    pub timeout: Duration,
+    /// How long a joining replica waits for a live replica's state.
+    pub join_timeout: Duration,
+    /// The fewest members a collective may complete with; fewer fail it on every member.
+    pub min_replicas: usize,
+}
+
+impl QuorumConfig {
+    /// `replicas` replicas, a 60 s collective timeout, 10 min to be healed, at least 1 member.
+    pub fn new(replicas: usize) -> Self {
+        Self {
+            replicas,
+            timeout: Duration::from_secs(60),
+            join_timeout: Duration::from_secs(600),
+            min_replicas: 1,
+        }
+    }
+
+    /// This config with another collective timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// This config with another join timeout.
+    pub fn with_join_timeout(mut self, timeout: Duration) -> Self {
+        self.join_timeout = timeout;
+        self
+    }
+
+    /// This config with another minimum membership.
+    pub fn with_min_replicas(mut self, min_replicas: usize) -> Self {
+        self.min_replicas = min_replicas;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ParallelError> {
+        if self.replicas == 0 {
+            return Err(invalid("quorum.replicas", "0", "at least 1 replica"));
+        }
+        if self.min_replicas == 0 || self.min_replicas > self.replicas {
+            return Err(invalid(
+                "quorum.min_replicas",
+                &self.min_replicas.to_string(),
+                "between 1 and the number of replicas",
+            ));
+        }
+        if self.timeout.is_zero() || self.join_timeout.is_zero() {
+            return Err(invalid("quorum.timeout", "0 s", "a positive duration"));
+        }
+        Ok(())
+    }
+}
+
+fn invalid(field: &'static str, value: &str, expected: &'static str) -> ParallelError {
+    ParallelError::InvalidConfig {
+        field,
+        value: value.to_string(),
+        expected,
+    }
+}
+
+/// What a collective computes from the members' contributions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Element-wise sum over the members present.
+    Sum,
+    /// Element-wise sum divided by the number of members present.
+    Mean,
+    /// The root's values (the others contribute none).
+    Broadcast(usize),
+    /// Every member's values, in replica order.
+    Gather,
+}
+
+/// A replica's admission to the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Session {
+    /// The replica id.
+    pub replica: usize,
+    /// Tells this connection of the replica from earlier ones (which are stale).
+    pub number: u64,
+    /// The replica joins a run in progress: it needs a live replica's state first.
+    pub joining: bool,
+}
+
+/// The result of one collective for one member.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Reply {
+    /// One vector (sum, mean, broadcast) or one per member (gather).
+    pub values: Vec<Vec<f32>>,
+    /// The replicas whose values it holds.
+    pub members: Vec<usize>,
+    /// A joining replica waits for this member's state.
+    pub donate: bool,
+}
+
+/// A live replica's state on its way to a joining one.
+#[derive(Debug, Clone)]
+pub(crate) struct Donation {
+    /// The first collective the joiner takes part in.
+    pub next_seq: u64,
+    /// The state, encoded by the strategy.
+    pub bytes: Arc<Vec<u8>>,
+}
+
+/// A finished collective: its values and the replicas they came from, or why it failed.
+type Outcome = Result<(Vec<Vec<f32>>, Vec<usize>), ParallelError>;
+
+/// One collective in progress.
+struct Round {
+    op: Op,
+    first_at: Instant,
+    contributions: BTreeMap<usize, Option<Vec<f32>>>,
+}
+
+/// A member: from which collective it takes part, and its session.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    session: u64,
+    from_seq: u64,
+}
+
+#[derive(Default)]
+struct State {
+    members: BTreeMap<usize, Member>,
+    /// The last session number given to each replica.
+    sessions: BTreeMap<usize, u64>,
+    /// Why a replica's session was dropped (replica, session) -> reason.
+    dropped: BTreeMap<(usize, u64), String>,
+    /// Joiners waiting for a live state (replica -> session).
+    joiners: BTreeMap<usize, u64>,
+    /// The member asked for its state, if any.
+    donor: Option<usize>,
+    /// States received for joiners (replica -> donation).
+    donations: BTreeMap<usize, Donation>,
+    rounds: BTreeMap<u64, Round>,
+    /// Finished collectives (the last few), with their outcome.
+    results: BTreeMap<u64, Outcome>,
+    /// The members of the last finished collective (for the warning when it shrinks).
+    last_members: Vec<usize>,
+    /// Collective 0 finished: replicas that connect from now on join a run in progress.
+    started: bool,
+    next_session: u64,
+}
+
+/// How many finished collectives are kept for members that have not read them yet (a member
+/// is at most one collective behind the others, so a few suffice).
+const KEPT_RESULTS: usize = 8;
+
+/// The coordinator of one fault-tolerant run (see the module docs). Share it between replica
+/// threads with [`Lighthouse::replica`](super::Lighthouse::replica), or serve it over TCP.
+pub struct Lighthouse {
+    config: QuorumConfig,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Lighthouse {
+    /// A lighthouse for `config.replicas` replicas; errors on an invalid config.
+    pub fn new(config: QuorumConfig) -> Result<Arc<Self>, ParallelError> {
+        config.validate()?;
+        let members = (0..config.replicas)
+            .map(|r| {
+                (
+                    r,
+                    Member {
+                        session: 0,
+                        from_seq: 0,
+                    },
+                )
+            })
+            .collect();
+        Ok(Arc::new(Self {
+            config,
+            state: Mutex::new(State {
+                members,
+                ..State::default()
+            }),
+            changed: Condvar::new(),
+        }))
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &QuorumConfig {
+        &self.config
+    }
+
+    /// The replicas currently in the group, in order.
+    pub fn members(&self) -> Vec<usize> {
+        self.lock().members.keys().copied().collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admits replica `replica`: a founding member while the run has not finished its first
+    /// collective, else a joiner that must receive a live state. An earlier session of the
+    /// same replica is dropped (its calls are refused from now on).
+    pub(crate) fn connect(&self, replica: usize) -> Result<Session, ParallelError> {
+        if replica >= self.config.replicas {
+            return Err(invalid(
+                "quorum replica id",
+                &replica.to_string(),
+                "an id below the number of replicas",
+            ));
+        }
+        let mut state = self.lock();
+        state.next_session += 1;
+        let number = state.next_session;
+        if let Some(old) = state.sessions.insert(replica, number) {
+            drop_session(&mut state, replica, old, "a newer session of it connected");
+        }
+        let joining = state.started;
+        match joining {
+            false => {
+                state.members.insert(
+                    replica,
+                    Member {
+                        session: number,
+                        from_seq: 0,
+                    },
+                );
+            }
+            true => {
+                state.joiners.insert(replica, number);
+                tracing::info!(
+                    replica,
+                    "replica asks to join the run; waiting for a live state"
+                );
+            }
+        }
+        self.changed.notify_all();
+        Ok(Session {
+            replica,
+            number,
+            joining,
+        })
+    }
+
+    /// Errors when `session` is no longer the replica's live one.
+    fn check_session(
+        state: &State,
+        session: &Session,
+        op: &'static str,
+    ) -> Result<(), ParallelError> {
+        let current = state.sessions.get(&session.replica) == Some(&session.number);
+        let reason = state.dropped.get(&(session.replica, session.number));
+        match (current, reason) {
+            (true, None) => Ok(()),
+            (_, reason) => Err(ParallelError::Collective {
+                op,
+                rank: session.replica,
+                reason: format!(
+                    "replica {} was dropped from the quorum ({}); a replica never rejoins with \
+                     stale state: start it again to be healed from a live replica",
+                    session.replica,
+                    reason.map_or("a newer session of it connected", String::as_str)
+                ),
+            }),
+        }
+    }
+
+    /// Collective number `seq` with `values` from `session`'s replica; blocks until every
+    /// member present has called it, or the stragglers time out and are dropped.
+    pub(crate) fn collective(
+        &self,
+        session: &Session,
+        seq: u64,
+        op: Op,
+        values: Option<Vec<f32>>,
+    ) -> Result<Reply, ParallelError> {
+        let replica = session.replica;
+        let mut state = self.lock();
+        Self::check_session(&state, session, "collective")?;
+        if !state.members.contains_key(&replica) {
+            return Err(ParallelError::Collective {
+                op: "collective",
+                rank: replica,
+                reason: format!(
+                    "replica {replica} is not a member yet (it must receive a live state first)"
+                ),
+            });
+        }
+        let round = state.rounds.entry(seq).or_insert_with(|| Round {
+            op,
+            first_at: Instant::now(),
+            contributions: BTreeMap::new(),
+        });
+        if round.op != op {
+            let reason = format!(
+                "collective {seq}: replica {replica} called {op:?}, another member {:?}",
+                round.op
+            );
+            let error = ParallelError::Mismatch {
+                rank: replica,
+                reason,
+            };
+            state.rounds.remove(&seq);
+            state.results.insert(seq, Err(error.clone()));
+            self.changed.notify_all();
+            return Err(error);
+        }
+        round.contributions.insert(replica, values);
+        self.try_finish(&mut state, seq);
+        loop {
+            Self::check_session(&state, session, "collective")?;
+            if let Some(result) = state.results.get(&seq) {
+                let (values, members) = result.clone()?;
+                let donate = self.ask_donor(&mut state, replica);
+                return Ok(Reply {
+                    values,
+                    members,
+                    donate,
+                });
+            }
+            let Some(first_at) = state.rounds.get(&seq).map(|r| r.first_at) else {
+                return Err(ParallelError::Collective {
+                    op: "collective",
+                    rank: replica,
+                    reason: format!("collective {seq} vanished"),
+                });
+            };
+            let deadline = first_at + self.config.timeout;
+            let now = Instant::now();
+            if now >= deadline {
+                self.drop_stragglers(&mut state, seq);
+                self.try_finish(&mut state, seq);
+                continue;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Whether `replica` is the member a joiner's state should come from (the lowest member,
+    /// asked once until it sends or leaves).
+    fn ask_donor(&self, state: &mut State, replica: usize) -> bool {
+        if state.joiners.is_empty() {
+            return false;
+        }
+        match state.donor {
+            Some(donor) => donor == replica,
+            None if state.members.keys().next() == Some(&replica) => {
+                state.donor = Some(replica);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The members expected in collective `seq`.
+    fn expected(state: &State, seq: u64) -> Vec<usize> {
+        state
+            .members
+            .iter()
+            .filter(|(_, m)| m.from_seq <= seq)
+            .map(|(r, _)| *r)
+            .collect()
+    }
+
+    /// Drops every member expected in `seq` that has not called it (past the timeout).
+    fn drop_stragglers(&self, state: &mut State, seq: u64) {
+        let Some(round) = state.rounds.get(&seq) else {
+            return;
+        };
+        let late: Vec<usize> = Self::expected(state, seq)
+            .into_iter()
+            .filter(|r| !round.contributions.contains_key(r))
+            .collect();
+        let seconds = self.config.timeout.as_secs_f64();
+        for replica in late {
+            if let Some(member) = state.members.get(&replica).copied() {
+                let reason = format!("it did not call collective {seq} within {seconds} s");
+                drop_session(state, replica, member.session, &reason);
+            }
+        }
+    }
+
+    /// Finishes collective `seq` if every expected member has called it.
+    fn try_finish(&self, state: &mut State, seq: u64) {
+        let expected = Self::expected(state, seq);
+        let Some(round) = state.rounds.get(&seq) else {
+            return;
+        };
+        if expected
+            .iter()
+            .any(|r| !round.contributions.contains_key(r))
+        {
+            return;
+        }
+        let Some(round) = state.rounds.remove(&seq) else {
+            return;
+        };
+        let result = self.combine(round, &expected, seq);
+        if let Ok((_, members)) = &result {
+            let left: Vec<usize> = state
+                .last_members
+                .iter()
+                .filter(|r| !members.contains(r))
+                .copied()
+                .collect();
+            if !left.is_empty() && state.started {
+                tracing::warn!(
+                    "collective {seq}: replica(s) {left:?} left the quorum; continuing with {} of {} replicas",
+                    members.len(),
+                    self.config.replicas
+                );
+            }
+            state.last_members = members.clone();
+        }
+        state.started = true;
+        state.results.insert(seq, result);
+        while state.results.len() > KEPT_RESULTS {
+            state.results.pop_first();
+        }
+        self.changed.notify_all();
+    }
+
+    /// The outcome of a finished round over its `members` (the contributions of replicas
+    /// dropped meanwhile are left out).
+    fn combine(&self, round: Round, members: &[usize], seq: u64) -> Outcome {
+        let fail = |reason: String| ParallelError::Collective {
+            op: "collective",
+            rank: members.first().copied().unwrap_or(0),
+            reason,
+        };
+        if members.len() < self.config.min_replicas {
+            return Err(fail(format!(
+                "collective {seq}: {} replica(s) present, fewer than min_replicas = {}",
+                members.len(),
+                self.config.min_replicas
+            )));
+        }
+        let mut parts: Vec<(usize, Vec<f32>)> = round
+            .contributions
+            .into_iter()
+            .filter(|(r, _)| members.contains(r))
+            .filter_map(|(r, v)| v.map(|v| (r, v)))
+            .collect();
+        let members = members.to_vec();
+        match round.op {
+            Op::Broadcast(root) => match parts.into_iter().find(|(r, _)| *r == root) {
+                Some((_, values)) => Ok((vec![values], members)),
+                None => Err(fail(format!(
+                    "collective {seq}: the broadcast's root, replica {root}, left the quorum"
+                ))),
+            },
+            Op::Gather => Ok((parts.drain(..).map(|(_, v)| v).collect(), members)),
+            Op::Sum | Op::Mean => {
+                let len = parts.first().map_or(0, |(_, v)| v.len());
+                if let Some((r, v)) = parts.iter().find(|(_, v)| v.len() != len) {
+                    return Err(fail(format!(
+                        "collective {seq}: replica {r} sent {} values, replica {} sent {len}",
+                        v.len(),
+                        parts[0].0
+                    )));
+                }
+                let mut sum = vec![0f32; len];
+                for (_, values) in &parts {
+                    sum.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+                }
+                if round.op == Op::Mean {
+                    let count = parts.len().max(1) as f32;
+                    sum.iter_mut().for_each(|s| *s /= count);
+                }
+                Ok((vec![sum], members))
+            }
+        }
+    }
+
+    /// Takes `session`'s replica out of the group (it finished, failed or disconnected); the
+    /// collectives in progress go on without it.
+    pub(crate) fn leave(&self, session: &Session, reason: &str) {
+        let mut state = self.lock();
+        if state.sessions.get(&session.replica) != Some(&session.number) {
+            return;
+        }
+        drop_session(&mut state, session.replica, session.number, reason);
+        let seqs: Vec<u64> = state.rounds.keys().copied().collect();
+        for seq in seqs {
+            self.try_finish(&mut state, seq);
+        }
+        self.changed.notify_all();
+    }
+
+    /// The donor's state for every waiting joiner: they take part from collective `next_seq`.
+    pub(crate) fn send_state(
+        &self,
+        session: &Session,
+        next_seq: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), ParallelError> {
+        let mut state = self.lock();
+        Self::check_session(&state, session, "send_state")?;
+        if state.donor != Some(session.replica) {
+            return Ok(()); // nobody waits for this replica's state any more
+        }
+        let donation = Donation {
+            next_seq,
+            bytes: Arc::new(bytes),
+        };
+        let joiners = std::mem::take(&mut state.joiners);
+        for (replica, number) in joiners {
+            state.members.insert(
+                replica,
+                Member {
+                    session: number,
+                    from_seq: next_seq,
+                },
+            );
+            state.donations.insert(replica, donation.clone());
+            tracing::info!(
+                replica,
+                from = session.replica,
+                collective = next_seq,
+                "replica healed from a live replica; it joins at collective {next_seq}"
+            );
+        }
+        state.donor = None;
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Blocks until a live replica's state arrives for `session`'s joining replica.
+    pub(crate) fn receive_state(&self, session: &Session) -> Result<Donation, ParallelError> {
+        let deadline = Instant::now() + self.config.join_timeout;
+        let mut state = self.lock();
+        loop {
+            Self::check_session(&state, session, "receive_state")?;
+            if let Some(donation) = state.donations.remove(&session.replica) {
+                return Ok(donation);
+            }
+            if state.started && state.members.is_empty() {
+                state.joiners.remove(&session.replica);
+                return Err(ParallelError::Collective {
+                    op: "receive_state",
+                    rank: session.replica,
+                    reason: "no live replica is left to send its state (the run ended or \
+                             every replica failed)"
+                        .into(),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                state.joiners.remove(&session.replica);
+                return Err(ParallelError::Timeout {
+                    op: "receive_state (no live replica sent its state)",
+                    rank: session.replica,
+                    seconds: self.config.join_timeout.as_secs_f64(),
+                });
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// Marks `replica`'s session `number` dropped for `reason`, out of the membership.
+fn drop_session(state: &mut State, replica: usize, number: u64, reason: &str) {
+    if state
+        .members
+        .get(&replica)
+        .is_some_and(|m| m.session == number)
+    {
+        state.members.remove(&replica);
+        tracing::warn!(replica, "replica dropped from the quorum: {reason}");
+    }
+    if state.joiners.get(&replica) == Some(&number) {
+        state.joiners.remove(&replica);
+    }
+    if state.donor == Some(replica) {
+        state.donor = None; // another member is asked at its next collective
+    }
+    state.dropped.insert((replica, number), reason.to_string());
+}

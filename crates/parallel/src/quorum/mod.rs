@@ -1,0 +1,75 @@
+//! Fault-tolerant replica groups: the replicas of Local SGD or DiLoCo go on when one dies and
+//! take it back when it restarts (what torchft's lighthouse and quorum give PyTorch).
+//!
+//! - [`Lighthouse`]: the coordinator. Every collective is a quorum of the replicas present:
+//!   a replica that fails, leaves or does not call a collective within
+//!   [`QuorumConfig::timeout`] is dropped with a warning, and the collective completes over the
+//!   others (a mean divides by the replicas present). A dropped replica's later calls are
+//!   refused: it never comes back with stale state.
+//! - [`QuorumGroup`]: one replica's [`ProcessGroup`](crate::ProcessGroup), from
+//!   [`Lighthouse::replica`] (threads of one process) or [`connect_tcp`] (processes, to a
+//!   [`LighthouseServer`]).
+//! - Rejoin: a replica that connects once the run has started is a joiner. Its strategy's
+//!   `join` waits for a live replica's state ([`receive_live_state`]); the live replicas send
+//!   it after their next sync ([`donate_live_state`]), and the joiner takes part from the next
+//!   collective on.
+//!
+//! DDP, ZeRO and FSDP refuse a quorum group: their replicas step together on shared
+//! gradients or shards, so one lost replica loses state; they fail fast instead.
+
+mod group;
+mod heal;
+mod lighthouse;
+mod tcp;
+mod wire;
+
+pub use group::QuorumGroup;
+pub use heal::{donate_live_state, receive_live_state};
+pub use lighthouse::{Lighthouse, QuorumConfig};
+pub use tcp::{LighthouseServer, connect_tcp};
+
+use crate::ParallelError;
+
+/// What a fault-tolerant group tells its replica strategy beyond the collectives (see the
+/// module docs). [`ProcessGroup::quorum`](crate::ProcessGroup::quorum) returns it.
+pub trait Quorum: Send + Sync {
+    /// This replica's id.
+    fn replica(&self) -> usize;
+
+    /// Whether this replica joins a run in progress and has not received a live state yet
+    /// (it may call no collective before [`receive_state`](Self::receive_state)).
+    fn is_joining(&self) -> bool;
+
+    /// The replicas present at this replica's last collective.
+    fn members(&self) -> Vec<usize>;
+
+    /// Whether a joining replica waits for this replica's state.
+    fn state_requested(&self) -> bool;
+
+    /// Sends this replica's state to the replicas waiting to join; they take part from this
+    /// replica's next collective on.
+    fn send_state(&self, state: Vec<u8>) -> Result<(), ParallelError>;
+
+    /// On a joining replica: waits for a live replica's state
+    /// ([`QuorumConfig::join_timeout`]); from then on this replica takes part in collectives.
+    fn receive_state(&self) -> Result<Vec<u8>, ParallelError>;
+}
+
+/// Errors when `group` is a fault-tolerant one: `strategy` (DDP, ZeRO, FSDP) keeps state that
+/// dies with a replica, so it fails fast on an ordinary group instead.
+pub(crate) fn refuse_quorum<B, G>(group: &G, strategy: &'static str) -> Result<(), ParallelError>
+where
+    B: burn::tensor::backend::Backend,
+    G: crate::ProcessGroup<B> + ?Sized,
+{
+    match group.quorum() {
+        None => Ok(()),
+        Some(_) => Err(ParallelError::InvalidConfig {
+            field: "strategy",
+            value: format!("{strategy} over a fault-tolerant quorum group"),
+            expected: "Local SGD or DiLoCo on a quorum group (DDP, ZeRO-1 and FSDP replicas \
+                       are not independent: run them on a LocalGroup or MpiGroup, where a lost \
+                       rank fails the job)",
+        }),
+    }
+}
