@@ -207,6 +207,28 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         Ok(self.strategy.setup(model)?)
     }
 
+    /// [`setup`](Self::setup) for a replica of a fault-tolerant run (Local SGD or DiLoCo over
+    /// a [`QuorumGroup`](afterburner_parallel::QuorumGroup) given to
+    /// [`with_group`](Accelerator::with_group); docs/fault-tolerance.md). A replica that
+    /// starts with the run is set up as by `setup`. One that joins a run in progress (a
+    /// restarted one) receives a live replica's parameters, optimizer state and strategy
+    /// state, and its step counter continues from that replica's: continue your loop after
+    /// `counters().optimizer_steps`. Under any other strategy, the same as `setup`.
+    pub fn join<M, O>(&mut self, model: M, mut optimizer: O) -> Result<(M, O), AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let model = self.precision.prepare_model(model.fork(&self.device))?;
+        let (model, step) = self.strategy.join(model, &mut optimizer)?;
+        if step > 0 {
+            self.counters.optimizer_steps = step;
+            self.reseed();
+            tracing::info!(step, "joined a run in progress from a live replica's state");
+        }
+        Ok((model, optimizer))
+    }
+
     /// A training loader over any Burn `dataset` and `batcher` on this device, shuffled from
     /// the config's seed (under DDP, this rank's shard of every epoch), batches prepared
     /// ahead on a background thread. The Accelerator follows its progress: accumulation

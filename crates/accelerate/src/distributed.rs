@@ -17,7 +17,9 @@ use crate::{AccelerateError, Accelerator, AcceleratorConfig, AnyStrategy};
 
 impl<B: AutodiffBackend> Accelerator<B> {
     /// One rank of a data-parallel run over `group` (any engine); [`launch`](Self::launch)
-    /// calls it for each in-process worker. Needs `strategy = "ddp"`, `"zero-1"` or `"fsdp"`.
+    /// calls it for each in-process worker. Needs a distributed `strategy`. With a
+    /// fault-tolerant [`QuorumGroup`](afterburner_parallel::QuorumGroup) (`"local-sgd"` or
+    /// `"diloco"`), set up with [`join`](Self::join) so a restarted replica is healed.
     pub fn with_group(
         config: AcceleratorConfig,
         device: B::Device,

@@ -327,7 +327,7 @@ where
         };
         let fragments = self.fragments_of(&model)?;
         let device = model.devices().into_iter().next().unwrap_or_default();
-        let (model, state, step) = receive_live_state(quorum, model, optimizer, &device)?;
+        let (model, state, step) = receive_live_state(&*quorum, model, optimizer, &device)?;
         self.keep_global(&model, fragments);
         self.check_own_state(&state)?;
         self.load_own_state(state);

@@ -100,7 +100,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Loca
             return Ok((self.setup(model)?, 0));
         };
         let device = model.devices().into_iter().next().unwrap_or_default();
-        let (model, state, step) = receive_live_state(quorum, model, optimizer, &device)?;
+        let (model, state, step) = receive_live_state(&*quorum, model, optimizer, &device)?;
         self.check_own_state(&state)?;
         self.load_own_state(state);
         Ok((model, step))

@@ -154,7 +154,7 @@ impl<B: Backend, G: ProcessGroup<B> + Clone + Send + 'static> ProcessGroup<B> fo
         self.group.barrier(device)
     }
 
-    fn quorum(&self) -> Option<&dyn Quorum> {
+    fn quorum(&self) -> Option<std::sync::Arc<dyn Quorum>> {
         self.group.quorum()
     }
 }

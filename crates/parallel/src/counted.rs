@@ -89,7 +89,7 @@ impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for Counted<G> {
         self.engine.barrier(device)
     }
 
-    fn quorum(&self) -> Option<&dyn Quorum> {
+    fn quorum(&self) -> Option<std::sync::Arc<dyn Quorum>> {
         self.engine.quorum()
     }
 }

@@ -3,6 +3,8 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use std::sync::Arc;
+
 use crate::{ParallelError, Quorum};
 
 /// How values are combined across ranks.
@@ -63,7 +65,7 @@ pub trait ProcessGroup<B: Backend>: Send {
     /// The quorum of a fault-tolerant group ([`QuorumGroup`](crate::QuorumGroup)), whose
     /// collectives go on over the ranks present; `None` (the default) for a group whose ranks
     /// all fail together.
-    fn quorum(&self) -> Option<&dyn Quorum> {
+    fn quorum(&self) -> Option<Arc<dyn Quorum>> {
         None
     }
 }
@@ -159,7 +161,7 @@ impl<B: Backend, G: ProcessGroup<B> + ?Sized> ProcessGroup<B> for Box<G> {
         (**self).barrier(device)
     }
 
-    fn quorum(&self) -> Option<&dyn Quorum> {
+    fn quorum(&self) -> Option<Arc<dyn Quorum>> {
         (**self).quorum()
     }
 }

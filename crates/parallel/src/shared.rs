@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::{ParallelError, ProcessGroup, ReduceOp};
+use crate::{ParallelError, ProcessGroup, Quorum, ReduceOp};
 
 /// A cloneable handle on a process group: every clone calls the same group (one call at a
 /// time). FSDP needs it because its gather nodes keep the group for the backward pass.
@@ -74,5 +74,9 @@ impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for SharedGroup<G> {
 
     fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
         self.with(|g| g.barrier(device))
+    }
+
+    fn quorum(&self) -> Option<Arc<dyn Quorum>> {
+        self.with(|g| g.quorum())
     }
 }

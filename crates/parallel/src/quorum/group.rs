@@ -262,59 +262,52 @@ impl<B: Backend> ProcessGroup<B> for QuorumGroup<B> {
         Ok(self.call(Op::Gather, Some(tensor))?.0)
     }
 
-    fn quorum(&self) -> Option<&dyn Quorum> {
-        Some(self)
+    fn quorum(&self) -> Option<Arc<dyn Quorum>> {
+        Some(self.handle.clone())
     }
 }
 
-impl<B: Backend> Quorum for QuorumGroup<B> {
+impl Quorum for Handle {
     fn replica(&self) -> usize {
-        self.handle.session.replica
+        self.session.replica
     }
 
     fn is_joining(&self) -> bool {
-        self.handle.joining.load(Ordering::SeqCst)
+        self.joining.load(Ordering::SeqCst)
     }
 
     fn members(&self) -> Vec<usize> {
-        self.handle
-            .members
+        self.members
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
     fn state_requested(&self) -> bool {
-        self.handle.donate.load(Ordering::SeqCst)
+        self.donate.load(Ordering::SeqCst)
     }
 
     fn send_state(&self, state: Vec<u8>) -> Result<(), ParallelError> {
-        let handle = &self.handle;
-        let _one_at_a_time = handle
-            .calling
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let next_seq = handle.seq.load(Ordering::SeqCst);
-        handle
-            .coordinator
-            .send_state(&handle.session, next_seq, state)?;
-        handle.donate.store(false, Ordering::SeqCst);
+        let _one_at_a_time = self.calling.lock().unwrap_or_else(PoisonError::into_inner);
+        let next_seq = self.seq.load(Ordering::SeqCst);
+        self.coordinator
+            .send_state(&self.session, next_seq, state)?;
+        self.donate.store(false, Ordering::SeqCst);
         Ok(())
     }
 
     fn receive_state(&self) -> Result<Vec<u8>, ParallelError> {
-        let handle = &self.handle;
-        let replica = handle.session.replica;
-        if !handle.joining.load(Ordering::SeqCst) {
+        let replica = self.session.replica;
+        if !self.joining.load(Ordering::SeqCst) {
             return Err(ParallelError::Collective {
                 op: "receive_state",
                 rank: replica,
                 reason: format!("replica {replica} is a member already (it did not join late)"),
             });
         }
-        let donation = handle.coordinator.receive_state(&handle.session)?;
-        handle.seq.store(donation.next_seq, Ordering::SeqCst);
-        handle.joining.store(false, Ordering::SeqCst);
+        let donation = self.coordinator.receive_state(&self.session)?;
+        self.seq.store(donation.next_seq, Ordering::SeqCst);
+        self.joining.store(false, Ordering::SeqCst);
         Ok(Arc::try_unwrap(donation.bytes).unwrap_or_else(|shared| (*shared).clone()))
     }
 }

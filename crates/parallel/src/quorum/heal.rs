@@ -4,6 +4,7 @@
 //! ([`donate_live_state`]) and a joining replica loads it ([`receive_live_state`]).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -24,7 +25,7 @@ const MAGIC: &[u8; 8] = b"ABLIVE01";
 /// sends `model`, `optimizer`'s state, the strategy's `own_state` and `step`; else nothing.
 /// Call it right after a sync, where every replica holds the same global state.
 pub fn donate_live_state<B, M, O>(
-    quorum: Option<&dyn Quorum>,
+    quorum: Option<Arc<dyn Quorum>>,
     model: &M,
     optimizer: &O,
     own_state: impl FnOnce() -> Result<StrategyState, ParallelError>,

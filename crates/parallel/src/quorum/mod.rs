@@ -31,7 +31,7 @@ pub use tcp::{LighthouseServer, connect_tcp};
 use crate::ParallelError;
 
 /// What a fault-tolerant group tells its replica strategy beyond the collectives (see the
-/// module docs). [`ProcessGroup::quorum`](crate::ProcessGroup::quorum) returns it.
+/// module docs). [`ProcessGroup::quorum`](crate::ProcessGroup::quorum) returns it, shared.
 pub trait Quorum: Send + Sync {
     /// This replica's id.
     fn replica(&self) -> usize;

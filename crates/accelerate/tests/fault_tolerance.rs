@@ -1,0 +1,146 @@
+//! Fault-tolerant DiLoCo through the Accelerator: 3 replica threads on a `Lighthouse`, each an
+//! `Accelerator::with_group` over its `QuorumGroup`. Replica 1 fails at step 4; the other 2
+//! go on; replica 1 restarts and `join` heals it (parameters bitwise equal to the donor's,
+//! step counter continued); all 3 end on the same parameters. DDP over a quorum group is
+//! refused with an error that says why.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use afterburner::demos::digits;
+use afterburner::localsgd::DiLoCoConfig;
+use afterburner::parallel::{Lighthouse, QuorumConfig};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use burn::optim::AdamWConfig;
+use common::*;
+
+const STEPS: u64 = 12;
+
+fn config(strategy: Strategy) -> AcceleratorConfig {
+    AcceleratorConfig {
+        strategy,
+        diloco: DiLoCoConfig {
+            sync_every: 3,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A replica's record: the step it continued after and its parameters then, its parameters
+/// after each sync step, its final parameters.
+struct Record {
+    joined: (u64, Vec<f32>),
+    synced: Vec<(u64, Vec<f32>)>,
+    last: Vec<f32>,
+}
+
+/// Replica `id` trains until `STEPS` (failing at `fail_at`), pausing at step 7 on `gate`.
+fn replica(
+    lighthouse: Arc<Lighthouse>,
+    id: usize,
+    fail_at: Option<u64>,
+    gate: Option<(mpsc::Sender<()>, Arc<Mutex<mpsc::Receiver<()>>>)>,
+    connected: Option<mpsc::Sender<()>>,
+) -> Result<Record, AccelerateError> {
+    let device = Default::default();
+    let group = lighthouse.replica(id, &device)?;
+    if let Some(connected) = connected {
+        connected.send(()).unwrap();
+    }
+    let mut acc = Accelerator::<B>::with_group(config(Strategy::DiLoCo), device, Box::new(group))?;
+    let (mut model, mut optim) = acc.join(vit(8), AdamWConfig::new().init())?;
+    let start = acc.counters().optimizer_steps;
+    let mut record = Record {
+        joined: (start, flatten(&params(&model))),
+        synced: Vec::new(),
+        last: Vec::new(),
+    };
+    let loader = acc.dataloader(digits::load()?.take(144), BATCHER, 8)?;
+    let batches: Vec<_> = loader.epoch(0).collect();
+    for step in start + 1..=STEPS {
+        if fail_at == Some(step) {
+            return Err(AccelerateError::BadData(
+                "the test kills this replica".into(),
+            ));
+        }
+        if let Some((arrived, open)) = gate.as_ref().filter(|_| step == 7) {
+            arrived.send(()).unwrap();
+            open.lock().unwrap().recv().unwrap();
+        }
+        let batch = &batches[(step - 1) as usize % batches.len()];
+        let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
+        acc.backward(cross_entropy(logits, batch), &model)?;
+        model = acc.step(model, &mut optim, &mut 1e-3)?;
+        if step % 3 == 0 {
+            record.synced.push((step, flatten(&params(&model))));
+        }
+    }
+    let model = acc.finish(model)?;
+    record.last = flatten(&params(&model));
+    Ok(record)
+}
+
+#[test]
+fn a_failed_replica_rejoins_through_the_accelerator() {
+    let _rng = rng_lock();
+    let lighthouse = Lighthouse::new(QuorumConfig::new(3)).unwrap();
+    let (arrived, has_arrived) = mpsc::channel();
+    let (open, opened) = mpsc::channel();
+    let opened = Arc::new(Mutex::new(opened));
+    let survivors: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|id| {
+            let lighthouse = lighthouse.clone();
+            let gate = (arrived.clone(), opened.clone());
+            std::thread::spawn(move || replica(lighthouse, id, None, Some(gate), None))
+        })
+        .collect();
+    let failed = {
+        let lighthouse = lighthouse.clone();
+        std::thread::spawn(move || replica(lighthouse, 1, Some(4), None, None))
+    };
+    assert!(failed.join().unwrap().is_err());
+    has_arrived.recv().unwrap();
+    has_arrived.recv().unwrap();
+    let (connected, is_connected) = mpsc::channel();
+    let restarted = {
+        let lighthouse = lighthouse.clone();
+        std::thread::spawn(move || replica(lighthouse, 1, None, None, Some(connected)))
+    };
+    is_connected.recv().unwrap();
+    open.send(()).unwrap();
+    open.send(()).unwrap();
+    let survivors: Vec<Record> = survivors
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    let rejoined = restarted.join().unwrap().unwrap();
+    // Healed right after the round-3 sync (step 9), from replica 0.
+    let (start, params) = &rejoined.joined;
+    assert_eq!(*start, 9);
+    let donor = survivors[0].synced.iter().find(|(s, _)| *s == 9).unwrap();
+    assert_eq!(params, &donor.1);
+    // The survivors agree after every sync, and all three end on the same parameters.
+    assert_eq!(survivors[0].synced, survivors[1].synced);
+    assert_eq!(survivors[0].last, survivors[1].last);
+    assert_eq!(survivors[0].last, rejoined.last);
+}
+
+#[test]
+fn ddp_over_a_quorum_group_is_refused() {
+    let _rng = rng_lock();
+    let lighthouse = Lighthouse::new(QuorumConfig::new(1)).unwrap();
+    let group = lighthouse.replica(0, &Default::default()).unwrap();
+    let mut acc =
+        Accelerator::<B>::with_group(config(Strategy::Ddp), Default::default(), Box::new(group))
+            .unwrap();
+    let error = acc
+        .join(vit(8), AdamWConfig::new().init())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("not independent"), "{error}");
+}
