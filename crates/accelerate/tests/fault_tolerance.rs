@@ -37,12 +37,15 @@ struct Record {
     last: Vec<f32>,
 }
 
+/// Where the survivors pause: they say they arrived, then wait to be let through.
+type Gate = (mpsc::Sender<()>, Arc<Mutex<mpsc::Receiver<()>>>);
+
 /// Replica `id` trains until `STEPS` (failing at `fail_at`), pausing at step 7 on `gate`.
 fn replica(
     lighthouse: Arc<Lighthouse>,
     id: usize,
     fail_at: Option<u64>,
-    gate: Option<(mpsc::Sender<()>, Arc<Mutex<mpsc::Receiver<()>>>)>,
+    gate: Option<Gate>,
     connected: Option<mpsc::Sender<()>>,
 ) -> Result<Record, AccelerateError> {
     let device = Default::default();
