@@ -12,6 +12,8 @@
 //! - `autocast`: op-level autocast next to the half view: errors against f32 (and PyTorch's
 //!   autocast's on the same weights, when PyTorch imports), step time and memory.
 //! - `localsgd`: DDP vs Local SGD vs DiLoCo behind a slow link (wall time, bytes, accuracy).
+//! - `faults`: fault-tolerant DiLoCo on 4 workers, without a fault and with one worker failing
+//!   and restarting (wall time, bytes, rounds with every worker, accuracy).
 //! - `torch` (`--torch`): the checkpoint suite's models next to their PyTorch twins (step time,
 //!   peak heap, ratios), when PyTorch is installed.
 //! - `presets` (`--preset vit-b16|gpt2-small|all`): the talk's models under each precision,
@@ -24,6 +26,7 @@ mod burn_lm;
 mod checkpoint;
 mod data;
 mod ddp;
+mod faults;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod fusion;
 mod linear;
@@ -86,6 +89,8 @@ const DDP_DEFAULTS: Defaults = (10, 3, 32, 2);
 const DATA_DEFAULTS: Defaults = (3, 1, 64, 3);
 /// Local SGD suite: (optimizer steps, unused, batch size per worker, unused).
 const LOCALSGD_DEFAULTS: Defaults = (200, 0, 32, 1);
+/// Faults suite: (optimizer steps, unused, batch size per worker, runs of each scenario).
+const FAULTS_DEFAULTS: Defaults = (200, 0, 32, 3);
 /// Side by side with PyTorch: (steps, warmup, batch size, rounds), as the checkpoint suite.
 const TORCH_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Linear suite: (steps, warmup, batch size, rounds), as the checkpoint suite.
@@ -106,7 +111,7 @@ fn quick_defaults(suite: Suite) -> Defaults {
         Suite::Checkpoint => (1, 1, 32, 1),
         Suite::Ddp => (2, 1, 32, 1),
         Suite::Data => (1, 1, 64, 1),
-        Suite::LocalSgd => (20, 0, 32, 1),
+        Suite::LocalSgd | Suite::Faults => (20, 0, 32, 1),
         Suite::Presets => PRESETS_DEFAULTS,
         Suite::Torch => (1, 1, 32, 1),
         Suite::Linear => (1, 1, 32, 1),
@@ -115,7 +120,7 @@ fn quick_defaults(suite: Suite) -> Defaults {
     }
 }
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|fusion|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|faults|fusion|all] \
 [--backend flex|cuda|wgpu|tch] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|burn-lm|all (checkpoint, linear, autocast, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
@@ -188,6 +193,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Ddp,
             Suite::Data,
             Suite::LocalSgd,
+            Suite::Faults,
         ],
         "precision" => &[Suite::Precision],
         "checkpoint" => &[Suite::Checkpoint],
@@ -196,12 +202,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "ddp" => &[Suite::Ddp],
         "data" => &[Suite::Data],
         "localsgd" => &[Suite::LocalSgd],
+        "faults" => &[Suite::Faults],
         "presets" => &[Suite::Presets],
         "fusion" => &[Suite::Fusion],
         "torch" => &[Suite::Torch],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, fusion, \
+                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, faults, fusion, \
                  presets, torch, all (all but presets and torch, which --preset and --torch \
                  select)"
             ));
@@ -215,6 +222,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Ddp => DDP_DEFAULTS,
             Suite::Data => DATA_DEFAULTS,
             Suite::LocalSgd => LOCALSGD_DEFAULTS,
+            Suite::Faults => FAULTS_DEFAULTS,
             Suite::Presets => PRESETS_DEFAULTS,
             Suite::Torch => TORCH_DEFAULTS,
             Suite::Linear => LINEAR_DEFAULTS,
@@ -233,6 +241,8 @@ enum Suite {
     Ddp,
     Data,
     LocalSgd,
+    /// Fault-tolerant DiLoCo, with and without a worker failing and restarting.
+    Faults,
     Presets,
     Torch,
     Linear,
@@ -253,6 +263,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Ddp => ddp::bench::<$inner>(o),
                 Suite::Data => data::bench::<$inner>(o),
                 Suite::LocalSgd => localsgd::bench::<$inner>(o),
+                Suite::Faults => faults::bench::<$inner>(o),
                 Suite::Presets => presets::bench::<$inner>(o),
                 Suite::Torch => torch::bench::<$inner>(o),
                 Suite::Linear => linear::bench::<$inner>(o),

@@ -162,6 +162,8 @@ struct State {
     /// Collective 0 finished: replicas that connect from now on join a run in progress.
     started: bool,
     next_session: u64,
+    /// Bytes of live state passed to joiners.
+    healing_bytes: u64,
 }
 
 /// How many finished collectives are kept for members that have not read them yet (a member
@@ -209,6 +211,11 @@ impl Lighthouse {
     /// The replicas currently in the group, in order.
     pub fn members(&self) -> Vec<usize> {
         self.lock().members.keys().copied().collect()
+    }
+
+    /// Bytes of live state passed from live replicas to joining ones so far.
+    pub fn healing_bytes(&self) -> u64 {
+        self.lock().healing_bytes
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -520,6 +527,7 @@ impl Lighthouse {
         if state.donor != Some(session.replica) {
             return Ok(()); // nobody waits for this replica's state any more
         }
+        state.healing_bytes += bytes.len() as u64;
         let donation = Donation {
             next_seq,
             bytes: Arc::new(bytes),
