@@ -236,16 +236,14 @@ fn a_replica_dropped_for_a_timeout_is_refused_not_averaged_in() {
     let lighthouse =
         Lighthouse::new(QuorumConfig::new(2).with_timeout(Duration::from_millis(300))).unwrap();
     let device = Default::default();
-    let slow = {
-        let lighthouse = lighthouse.clone();
-        std::thread::spawn(move || {
-            let group = lighthouse.replica::<Flex>(1, &device).unwrap();
-            std::thread::sleep(Duration::from_millis(1500));
-            group.all_reduce(Tensor::from_floats([100.0], &device), ReduceOp::Mean)
-        })
-    };
-    let group = lighthouse.replica::<Flex>(0, &device).unwrap();
-    std::thread::sleep(Duration::from_millis(50)); // both connected before the first call
+    let (group, slow_group) = (
+        lighthouse.replica::<Flex>(0, &device).unwrap(),
+        lighthouse.replica::<Flex>(1, &device).unwrap(),
+    );
+    let slow = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500)); // hangs past the timeout
+        slow_group.all_reduce(Tensor::from_floats([100.0], &device), ReduceOp::Mean)
+    });
     let mean = group
         .all_reduce(Tensor::from_floats([2.0], &device), ReduceOp::Mean)
         .unwrap();
@@ -271,11 +269,18 @@ fn local_sgd_heals_a_restarted_replica() {
         local_sgd_steps: 2,
         ..Default::default()
     };
+    // Replica 0 waits at step 5 until the restarted replica 1 has connected.
+    let (connected, is_connected) = mpsc::channel::<()>();
+    let is_connected = Arc::new(Mutex::new(is_connected));
     let run = |lighthouse: Arc<Lighthouse>, id: usize, steps: u64, die_at: Option<u64>| {
-        let config = config.clone();
+        let (config, connected, is_connected) =
+            (config.clone(), connected.clone(), is_connected.clone());
         std::thread::spawn(
             move || -> Result<(u64, Vec<f32>, Vec<f32>), ParallelError> {
                 let group = lighthouse.replica::<Flex>(id, &Default::default())?;
+                if id == 1 && die_at.is_none() {
+                    connected.send(()).unwrap();
+                }
                 let mut local = LocalSgd::<B, _>::new(group, config)?;
                 let mut optim = AdamWConfig::new().init::<B, Model>();
                 let (mut model, start) = local.join(model(id), &mut optim)?;
@@ -286,8 +291,8 @@ fn local_sgd_heals_a_restarted_replica() {
                     }
                     model = inner_step(model, &mut optim, id, step);
                     model = local.after_optimizer_step(model, &mut optim, step)?;
-                    if step == 4 && id == 0 {
-                        std::thread::sleep(Duration::from_millis(300)); // replica 1 restarts
+                    if step == 5 && id == 0 {
+                        is_connected.lock().unwrap().recv().unwrap(); // replica 1 restarted
                     }
                 }
                 Ok((start, joined, values(&local.finish(model, steps)?)))
@@ -304,10 +309,9 @@ fn local_sgd_heals_a_restarted_replica() {
     let restarted = run(lighthouse.clone(), 1, 8, None);
     let (_, _, last0) = survivor.join().unwrap().unwrap();
     let (start, joined, last1) = restarted.join().unwrap().unwrap();
-    assert!(
-        start >= 4 && start % 2 == 0,
-        "healed after a sync step, got {start}"
-    );
+    // Healed right after the first sync once it connected: step 4, or 6 if replica 0 had
+    // passed step 4's average by then (it waits at step 5).
+    assert!(start == 4 || start == 6, "healed after step {start}");
     assert_eq!(joined.len(), 10);
     assert_eq!(last0, last1, "both end on the average");
 }
@@ -336,4 +340,93 @@ fn bad_quorum_settings_are_named() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("replica id"), "{error}");
+}
+
+/// Streaming DiLoCo (2 fragments, each exchange applied 1 step later): replica 1 dies, the
+/// other 2 go on, replica 1 restarts and is healed with the donor's state, the exchange still
+/// in flight included; all 3 end on the same parameters.
+#[test]
+fn streaming_diloco_heals_with_the_exchange_in_flight() {
+    let streaming = afterburner_localsgd::DiLoCoConfig {
+        sync_every: 4,
+        fragments: 2,
+        delay: 1,
+        ..config()
+    };
+    const STEPS: u64 = 20;
+    let lighthouse = Lighthouse::new(QuorumConfig::new(3)).unwrap();
+    let (arrived, has_arrived) = mpsc::channel::<()>();
+    let (open, opened) = mpsc::channel::<()>();
+    let opened = Arc::new(Mutex::new(opened));
+    type Outcome = Result<
+        (
+            (u64, Vec<f32>, StrategyState),
+            Vec<(u64, Vec<f32>, StrategyState)>,
+            Vec<f32>,
+        ),
+        ParallelError,
+    >;
+    let start =
+        |id: usize, die_at: Option<u64>, gate: bool, connected: Option<mpsc::Sender<()>>| {
+            let (lighthouse, streaming) = (lighthouse.clone(), streaming.clone());
+            let (arrived, opened) = (arrived.clone(), opened.clone());
+            std::thread::spawn(move || -> Outcome {
+                let group = lighthouse.replica::<Flex>(id, &Default::default())?;
+                if let Some(connected) = connected {
+                    connected.send(()).unwrap();
+                }
+                let mut diloco = DiLoCo::<B, _>::new(group, streaming)?;
+                let mut optim = AdamWConfig::new().init::<B, Model>();
+                let (mut model, start) = diloco.join(model(id), &mut optim)?;
+                let joined = (start, values(&model), diloco.own_state()?);
+                let mut after = Vec::new();
+                for step in start + 1..=STEPS {
+                    if die_at == Some(step) {
+                        return Err(ParallelError::Record("killed by the test".into()));
+                    }
+                    if gate && step == 10 {
+                        arrived.send(()).unwrap();
+                        opened.lock().unwrap().recv().unwrap();
+                    }
+                    model = inner_step(model, &mut optim, id, step);
+                    model = diloco.after_optimizer_step(model, &mut optim, step)?;
+                    if step % 2 == 0 {
+                        after.push((step, values(&model), diloco.own_state()?));
+                    }
+                }
+                let last = values(&diloco.finish(model, STEPS)?);
+                Ok((joined, after, last))
+            })
+        };
+    let survivors = [start(0, None, true, None), start(2, None, true, None)];
+    assert!(start(1, Some(5), false, None).join().unwrap().is_err());
+    has_arrived.recv().unwrap();
+    has_arrived.recv().unwrap();
+    let (connected, is_connected) = mpsc::channel();
+    let restarted = start(1, None, false, Some(connected));
+    is_connected.recv().unwrap();
+    open.send(()).unwrap();
+    open.send(()).unwrap();
+    let survivors: Vec<_> = survivors
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    let (joined, _, last) = restarted.join().unwrap().unwrap();
+    let (step, params, state) = joined;
+    assert!(
+        step >= 10 && step % 2 == 0,
+        "healed after an exchange step, got {step}"
+    );
+    let donor = survivors[0].1.iter().find(|a| a.0 == step).unwrap();
+    assert_eq!(params, donor.1, "parameters");
+    assert_eq!(
+        state, donor.2,
+        "DiLoCo state, the pending exchange included"
+    );
+    assert!(
+        state.tensor("pending_gradient").is_some(),
+        "an exchange was in flight when the state was sent"
+    );
+    assert_eq!(survivors[0].2, survivors[1].2);
+    assert_eq!(survivors[0].2, last);
 }
