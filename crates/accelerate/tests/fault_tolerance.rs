@@ -6,12 +6,11 @@
 
 mod common;
 
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use afterburner::demos::digits;
 use afterburner::localsgd::DiLoCoConfig;
-use afterburner::parallel::{Lighthouse, QuorumConfig};
+use afterburner::parallel::{Lighthouse, QuorumConfig, ReplicaRun, fail_and_restart};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
 use burn::optim::AdamWConfig;
 use common::*;
@@ -37,22 +36,13 @@ struct Record {
     last: Vec<f32>,
 }
 
-/// Where the survivors pause: they say they arrived, then wait to be let through.
-type Gate = (mpsc::Sender<()>, Arc<Mutex<mpsc::Receiver<()>>>);
-
-/// Replica `id` trains until `STEPS` (failing at `fail_at`), pausing at step 7 on `gate`.
-fn replica(
-    lighthouse: Arc<Lighthouse>,
-    id: usize,
-    fail_at: Option<u64>,
-    gate: Option<Gate>,
-    connected: Option<mpsc::Sender<()>>,
-) -> Result<Record, AccelerateError> {
+/// `run`'s replica trains until `STEPS`: a failing run fails at step 4, the replicas that stay
+/// up pause at step 7 until the failed one has restarted.
+fn replica(lighthouse: &Arc<Lighthouse>, run: &ReplicaRun) -> Result<Record, AccelerateError> {
+    let id = run.id;
     let device = Default::default();
     let group = lighthouse.replica(id, &device)?;
-    if let Some(connected) = connected {
-        connected.send(()).unwrap();
-    }
+    run.connected();
     let mut acc = Accelerator::<B>::with_group(config(Strategy::DiLoCo), device, Box::new(group))?;
     let (mut model, mut optim) = acc.join(vit(8), AdamWConfig::new().init())?;
     let start = acc.counters().optimizer_steps;
@@ -64,14 +54,13 @@ fn replica(
     let loader = acc.dataloader(digits::load()?.take(144), BATCHER, 8)?;
     let batches: Vec<_> = loader.epoch(0).collect();
     for step in start + 1..=STEPS {
-        if fail_at == Some(step) {
+        if run.fails && step == 4 {
             return Err(AccelerateError::BadData(
                 "the test kills this replica".into(),
             ));
         }
-        if let Some((arrived, open)) = gate.as_ref().filter(|_| step == 7) {
-            arrived.send(()).unwrap();
-            open.lock().unwrap().recv().unwrap();
+        if step == 7 {
+            run.pause();
         }
         let batch = &batches[(step - 1) as usize % batches.len()];
         let logits = acc.forward(&model, batch.images.clone(), |m, x| m.forward(x))?;
@@ -90,37 +79,10 @@ fn replica(
 fn a_failed_replica_rejoins_through_the_accelerator() {
     let _rng = rng_lock();
     let lighthouse = Lighthouse::new(QuorumConfig::new(3)).unwrap();
-    let (arrived, has_arrived) = mpsc::channel();
-    let (open, opened) = mpsc::channel();
-    let opened = Arc::new(Mutex::new(opened));
-    let survivors: Vec<_> = [0, 2]
-        .into_iter()
-        .map(|id| {
-            let lighthouse = lighthouse.clone();
-            let gate = (arrived.clone(), opened.clone());
-            std::thread::spawn(move || replica(lighthouse, id, None, Some(gate), None))
-        })
-        .collect();
-    let failed = {
-        let lighthouse = lighthouse.clone();
-        std::thread::spawn(move || replica(lighthouse, 1, Some(4), None, None))
-    };
-    assert!(failed.join().unwrap().is_err());
-    has_arrived.recv().unwrap();
-    has_arrived.recv().unwrap();
-    let (connected, is_connected) = mpsc::channel();
-    let restarted = {
-        let lighthouse = lighthouse.clone();
-        std::thread::spawn(move || replica(lighthouse, 1, None, None, Some(connected)))
-    };
-    is_connected.recv().unwrap();
-    open.send(()).unwrap();
-    open.send(()).unwrap();
-    let survivors: Vec<Record> = survivors
-        .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
-        .collect();
-    let rejoined = restarted.join().unwrap().unwrap();
+    let runs = fail_and_restart(3, 1, move |run| replica(&lighthouse, &run));
+    assert!(runs.failed.is_err());
+    let survivors: Vec<Record> = runs.survivors.into_iter().map(Result::unwrap).collect();
+    let rejoined = runs.restarted.unwrap();
     // Healed right after the round-3 sync (step 9), from replica 0.
     let (start, params) = &rejoined.joined;
     assert_eq!(*start, 9);

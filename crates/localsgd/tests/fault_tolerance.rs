@@ -5,14 +5,13 @@
 //! that comes back after being dropped is refused, never averaged in; Local SGD heals too; DDP
 //! refuses a quorum group.
 
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use afterburner_localsgd::{DiLoCo, LocalSgd, LocalSgdConfig, OuterSgd};
 use afterburner_parallel::{
     Ddp, Lighthouse, ParallelError, ParallelStrategy, ProcessGroup, QuorumConfig, ReduceOp,
-    StrategyState,
+    ReplicaRun, StrategyState, fail_and_restart,
 };
 use burn::backend::Flex;
 use burn::optim::AdamWConfig;
@@ -35,27 +34,13 @@ struct Replica {
     last: Vec<f32>,
 }
 
-/// Where a replica pauses: at this step it says it arrived and waits to be let through.
-struct Gate {
-    step: u64,
-    arrived: mpsc::Sender<()>,
-    open: Arc<Mutex<mpsc::Receiver<()>>>,
-}
-
-/// Runs replica `id` until step `H * ROUNDS` (or until it dies at `die_at`), pausing at
-/// `gate`, saying on `connected` when it has connected to the lighthouse.
-fn run(
-    lighthouse: Arc<Lighthouse>,
-    id: usize,
-    die_at: Option<u64>,
-    gate: Option<Gate>,
-    connected: Option<mpsc::Sender<()>>,
-) -> Result<Replica, ParallelError> {
+/// Runs `run`'s replica until step `H * ROUNDS`: a failing run dies at step 5 (round 2), the
+/// replicas that stay up pause at step 10 (round 4) until the failed one has restarted.
+fn run(lighthouse: &Arc<Lighthouse>, run: &ReplicaRun) -> Result<Replica, ParallelError> {
+    let id = run.id;
     let device = Default::default();
     let group = lighthouse.replica::<Flex>(id, &device)?;
-    if let Some(connected) = connected {
-        connected.send(()).unwrap();
-    }
+    run.connected();
     let mut diloco = DiLoCo::<B, _>::new(group, config())?;
     let mut optim = AdamWConfig::new().init::<B, Model>();
     let (mut model, start) = diloco.join(model(id), &mut optim)?;
@@ -66,15 +51,14 @@ fn run(
         last: Vec::new(),
     };
     for step in start + 1..=H * ROUNDS {
-        if die_at == Some(step) {
+        if run.fails && step == 5 {
             return Err(ParallelError::PeerFailed {
                 rank: id,
                 reason: "killed by the test".into(),
             });
         }
-        if let Some(gate) = gate.as_ref().filter(|g| g.step == step) {
-            gate.arrived.send(()).unwrap();
-            gate.open.lock().unwrap().recv().unwrap();
+        if step == 10 {
+            run.pause();
         }
         model = inner_step(model, &mut optim, id, step);
         let before = (values(&model), global(&diloco.own_state()?));
@@ -101,49 +85,19 @@ fn run(
 fn a_dead_replica_is_dropped_and_healed_when_it_restarts() {
     let quorum = QuorumConfig::new(3).with_join_timeout(Duration::from_secs(60));
     let lighthouse = Lighthouse::new(quorum).unwrap();
-    // Replicas 0 and 2 pause at step 10 (in round 4) until replica 1 has restarted.
-    let (arrived, has_arrived) = mpsc::channel();
-    let (open, opened) = mpsc::channel();
-    let opened = Arc::new(Mutex::new(opened));
-    let survivors: Vec<_> = [0, 2]
-        .into_iter()
-        .map(|id| {
-            let lighthouse = lighthouse.clone();
-            let gate = Gate {
-                step: 10,
-                arrived: arrived.clone(),
-                open: opened.clone(),
-            };
-            std::thread::spawn(move || run(lighthouse, id, None, Some(gate), None))
-        })
-        .collect();
-    // Replica 1 dies at step 5, in round 2.
-    let first = {
+    // Replica 1 dies at step 5 (round 2) and restarts, with a fresh model and optimizer,
+    // once replicas 0 and 2 wait at step 10 (round 4).
+    let runs = {
         let lighthouse = lighthouse.clone();
-        std::thread::spawn(move || run(lighthouse, 1, Some(5), None, None))
+        fail_and_restart(3, 1, move |replica| run(&lighthouse, &replica))
     };
-    let died = first.join().unwrap();
     assert!(
-        matches!(died, Err(ParallelError::PeerFailed { .. })),
+        matches!(runs.failed, Err(ParallelError::PeerFailed { .. })),
         "{:?}",
-        died.err()
+        runs.failed.err()
     );
-    // It restarts (a fresh model and optimizer) once the survivors wait in round 4.
-    has_arrived.recv().unwrap();
-    has_arrived.recv().unwrap();
-    let (connected, is_connected) = mpsc::channel();
-    let restarted = {
-        let lighthouse = lighthouse.clone();
-        std::thread::spawn(move || run(lighthouse, 1, None, None, Some(connected)))
-    };
-    is_connected.recv().unwrap();
-    open.send(()).unwrap();
-    open.send(()).unwrap();
-    let survivors: Vec<Replica> = survivors
-        .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
-        .collect();
-    let rejoined = restarted.join().unwrap().unwrap();
+    let survivors: Vec<Replica> = runs.survivors.into_iter().map(Result::unwrap).collect();
+    let rejoined = runs.restarted.unwrap();
 
     // Membership per round, as each survivor saw it.
     for survivor in &survivors {
@@ -269,49 +223,34 @@ fn local_sgd_heals_a_restarted_replica() {
         local_sgd_steps: 2,
         ..Default::default()
     };
-    // Replica 0 waits at step 5 until the restarted replica 1 has connected.
-    let (connected, is_connected) = mpsc::channel::<()>();
-    let is_connected = Arc::new(Mutex::new(is_connected));
-    let run = |lighthouse: Arc<Lighthouse>, id: usize, steps: u64, die_at: Option<u64>| {
-        let (config, connected, is_connected) =
-            (config.clone(), connected.clone(), is_connected.clone());
-        std::thread::spawn(
-            move || -> Result<(u64, Vec<f32>, Vec<f32>), ParallelError> {
-                let group = lighthouse.replica::<Flex>(id, &Default::default())?;
-                if id == 1 && die_at.is_none() {
-                    connected.send(()).unwrap();
-                }
-                let mut local = LocalSgd::<B, _>::new(group, config)?;
-                let mut optim = AdamWConfig::new().init::<B, Model>();
-                let (mut model, start) = local.join(model(id), &mut optim)?;
-                let joined = values(&model);
-                for step in start + 1..=steps {
-                    if die_at == Some(step) {
-                        return Err(ParallelError::Record("killed".into()));
-                    }
-                    model = inner_step(model, &mut optim, id, step);
-                    model = local.after_optimizer_step(model, &mut optim, step)?;
-                    if step == 5 && id == 0 {
-                        is_connected.lock().unwrap().recv().unwrap(); // replica 1 restarted
-                    }
-                }
-                Ok((start, joined, values(&local.finish(model, steps)?)))
-            },
-        )
-    };
-    let survivor = run(lighthouse.clone(), 0, 8, None);
-    assert!(
-        run(lighthouse.clone(), 1, 8, Some(3))
-            .join()
-            .unwrap()
-            .is_err()
+    // Replica 1 dies at step 3; replica 0 waits at step 5 until it has restarted.
+    let runs = fail_and_restart(2, 1, move |run| -> Result<_, ParallelError> {
+        let (id, steps) = (run.id, 8);
+        let group = lighthouse.replica::<Flex>(id, &Default::default())?;
+        run.connected();
+        let mut local = LocalSgd::<B, _>::new(group, config.clone())?;
+        let mut optim = AdamWConfig::new().init::<B, Model>();
+        let (mut model, start) = local.join(model(id), &mut optim)?;
+        let joined = values(&model);
+        for step in start + 1..=steps {
+            if run.fails && step == 3 {
+                return Err(ParallelError::Record("killed".into()));
+            }
+            if step == 5 {
+                run.pause();
+            }
+            model = inner_step(model, &mut optim, id, step);
+            model = local.after_optimizer_step(model, &mut optim, step)?;
+        }
+        Ok((start, joined, values(&local.finish(model, steps)?)))
+    });
+    assert!(runs.failed.is_err());
+    let (_, _, last0) = runs.survivors.into_iter().next().unwrap().unwrap();
+    let (start, joined, last1) = runs.restarted.unwrap();
+    assert_eq!(
+        start, 6,
+        "healed right after the first average once it connected"
     );
-    let restarted = run(lighthouse.clone(), 1, 8, None);
-    let (_, _, last0) = survivor.join().unwrap().unwrap();
-    let (start, joined, last1) = restarted.join().unwrap().unwrap();
-    // Healed right after the first sync once it connected: step 4, or 6 if replica 0 had
-    // passed step 4's average by then (it waits at step 5).
-    assert!(start == 4 || start == 6, "healed after step {start}");
     assert_eq!(joined.len(), 10);
     assert_eq!(last0, last1, "both end on the average");
 }
@@ -355,9 +294,6 @@ fn streaming_diloco_heals_with_the_exchange_in_flight() {
     };
     const STEPS: u64 = 20;
     let lighthouse = Lighthouse::new(QuorumConfig::new(3)).unwrap();
-    let (arrived, has_arrived) = mpsc::channel::<()>();
-    let (open, opened) = mpsc::channel::<()>();
-    let opened = Arc::new(Mutex::new(opened));
     type Outcome = Result<
         (
             (u64, Vec<f32>, StrategyState),
@@ -366,55 +302,40 @@ fn streaming_diloco_heals_with_the_exchange_in_flight() {
         ),
         ParallelError,
     >;
-    let start =
-        |id: usize, die_at: Option<u64>, gate: bool, connected: Option<mpsc::Sender<()>>| {
-            let (lighthouse, streaming) = (lighthouse.clone(), streaming.clone());
-            let (arrived, opened) = (arrived.clone(), opened.clone());
-            std::thread::spawn(move || -> Outcome {
-                let group = lighthouse.replica::<Flex>(id, &Default::default())?;
-                if let Some(connected) = connected {
-                    connected.send(()).unwrap();
-                }
-                let mut diloco = DiLoCo::<B, _>::new(group, streaming)?;
-                let mut optim = AdamWConfig::new().init::<B, Model>();
-                let (mut model, start) = diloco.join(model(id), &mut optim)?;
-                let joined = (start, values(&model), diloco.own_state()?);
-                let mut after = Vec::new();
-                for step in start + 1..=STEPS {
-                    if die_at == Some(step) {
-                        return Err(ParallelError::Record("killed by the test".into()));
-                    }
-                    if gate && step == 10 {
-                        arrived.send(()).unwrap();
-                        opened.lock().unwrap().recv().unwrap();
-                    }
-                    model = inner_step(model, &mut optim, id, step);
-                    model = diloco.after_optimizer_step(model, &mut optim, step)?;
-                    if step % 2 == 0 {
-                        after.push((step, values(&model), diloco.own_state()?));
-                    }
-                }
-                let last = values(&diloco.finish(model, STEPS)?);
-                Ok((joined, after, last))
-            })
-        };
-    let survivors = [start(0, None, true, None), start(2, None, true, None)];
-    assert!(start(1, Some(5), false, None).join().unwrap().is_err());
-    has_arrived.recv().unwrap();
-    has_arrived.recv().unwrap();
-    let (connected, is_connected) = mpsc::channel();
-    let restarted = start(1, None, false, Some(connected));
-    is_connected.recv().unwrap();
-    open.send(()).unwrap();
-    open.send(()).unwrap();
-    let survivors: Vec<_> = survivors
-        .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
-        .collect();
-    let (joined, _, last) = restarted.join().unwrap().unwrap();
+    // Replica 1 dies at step 5 and restarts once the others wait at step 10.
+    let runs = fail_and_restart(3, 1, move |run| -> Outcome {
+        let id = run.id;
+        let group = lighthouse.replica::<Flex>(id, &Default::default())?;
+        run.connected();
+        let mut diloco = DiLoCo::<B, _>::new(group, streaming.clone())?;
+        let mut optim = AdamWConfig::new().init::<B, Model>();
+        let (mut model, start) = diloco.join(model(id), &mut optim)?;
+        let joined = (start, values(&model), diloco.own_state()?);
+        let mut after = Vec::new();
+        for step in start + 1..=STEPS {
+            if run.fails && step == 5 {
+                return Err(ParallelError::Record("killed by the test".into()));
+            }
+            if step == 10 {
+                run.pause();
+            }
+            model = inner_step(model, &mut optim, id, step);
+            model = diloco.after_optimizer_step(model, &mut optim, step)?;
+            if step % 2 == 0 {
+                after.push((step, values(&model), diloco.own_state()?));
+            }
+        }
+        let last = values(&diloco.finish(model, STEPS)?);
+        Ok((joined, after, last))
+    });
+    assert!(runs.failed.is_err());
+    let survivors: Vec<_> = runs.survivors.into_iter().map(Result::unwrap).collect();
+    let (joined, _, last) = runs.restarted.unwrap();
     let (step, params, state) = joined;
+    // The exchange of step 10 runs in the background: the donor may see the request at
+    // step 10 or only at step 12.
     assert!(
-        step >= 10 && step % 2 == 0,
+        step == 10 || step == 12,
         "healed after an exchange step, got {step}"
     );
     let donor = survivors[0].1.iter().find(|a| a.0 == step).unwrap();

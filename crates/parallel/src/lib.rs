@@ -70,6 +70,8 @@ pub use loopback::{LoopbackRun, run_on_loopback};
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use optimizer_state::average_optimizer_state;
 pub use params::{flat_params, param_ids, with_flat_params};
+#[cfg(feature = "testing")]
+pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use quorum::{
     Lighthouse, LighthouseServer, Quorum, QuorumConfig, QuorumGroup, connect_tcp,
     donate_live_state, receive_live_state,

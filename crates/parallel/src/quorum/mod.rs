@@ -20,12 +20,16 @@
 mod group;
 mod heal;
 mod lighthouse;
+#[cfg(feature = "testing")]
+mod scenario;
 mod tcp;
 mod wire;
 
 pub use group::QuorumGroup;
 pub use heal::{donate_live_state, receive_live_state};
 pub use lighthouse::{Lighthouse, QuorumConfig};
+#[cfg(feature = "testing")]
+pub use scenario::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use tcp::{LighthouseServer, connect_tcp};
 
 use crate::ParallelError;
