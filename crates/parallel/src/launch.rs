@@ -1,5 +1,6 @@
 //! [`launch`]: one worker thread per device, like Lightning Fabric's `launch`.
 
+use std::any::TypeId;
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -66,6 +67,7 @@ where
             expected: "at least one device",
         });
     }
+    claim_collective_server::<B>()?;
     burn_collective::reset_collective::<B>();
     let health = Arc::new(Health::new(world, burn_collective::reset_collective::<B>));
     let worker = Arc::new(worker);
@@ -92,6 +94,50 @@ where
     }
     drop(done_tx);
     collect(world, &health, config.timeout, done)
+}
+
+/// The backend types whose burn-collective server runs in this process.
+static SERVED_BACKENDS: Mutex<Vec<TypeId>> = Mutex::new(Vec::new());
+
+/// Errors instead of hanging when `B` would need one burn-collective server too many.
+///
+/// burn-collective serves each backend type from a task that blocks one thread of its tokio
+/// runtime for the life of the process (a blocking channel read inside an async task), and the
+/// runtime has `TOKIO_WORKER_THREADS` threads or one per core. A launch on one backend type
+/// more than that never gets a server: its first collective would wait forever (seen on 2
+/// cores: DDP on `Autocast<Flex>`, then fused wgpu, then `Flex`, in one process).
+fn claim_collective_server<B: Backend>() -> Result<(), ParallelError> {
+    let threads = std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut served = SERVED_BACKENDS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    claim(&mut served, TypeId::of::<B>(), threads).map_err(|count| ParallelError::Collective {
+        op: "launch",
+        rank: 0,
+        reason: format!(
+            "this process already ran in-process collectives on {count} backend types, as many \
+             as burn-collective's runtime has threads ({threads}): a launch on {} would hang. \
+             Set TOKIO_WORKER_THREADS to more than the backend types one process uses, before \
+             its first launch, or launch each backend in its own process",
+            std::any::type_name::<B>()
+        ),
+    })
+}
+
+/// Adds `backend` to `served` unless that would exceed `threads`; errs with the count served.
+fn claim(served: &mut Vec<TypeId>, backend: TypeId, threads: usize) -> Result<(), usize> {
+    if served.contains(&backend) {
+        return Ok(());
+    }
+    if served.len() >= threads {
+        return Err(served.len());
+    }
+    served.push(backend);
+    Ok(())
 }
 
 /// Registers the rank, runs the worker, and reports its outcome to the group.
@@ -235,5 +281,25 @@ mod device_count_tests {
         let err = local_devices::<Flex>(1_000_000).unwrap_err().to_string();
         assert!(err.contains("devices") && err.contains("256"), "{err}");
         assert!(local_devices::<Flex>(0).is_err());
+    }
+}
+
+#[cfg(test)]
+mod server_tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_type_past_the_runtime_threads_is_refused() {
+        let mut served = Vec::new();
+        let (a, b, c) = (TypeId::of::<u8>(), TypeId::of::<u16>(), TypeId::of::<u32>());
+        assert_eq!(claim(&mut served, a, 2), Ok(()));
+        assert_eq!(claim(&mut served, b, 2), Ok(()));
+        assert_eq!(
+            claim(&mut served, a, 2),
+            Ok(()),
+            "a type already served is fine"
+        );
+        assert_eq!(claim(&mut served, c, 2), Err(2));
+        assert_eq!(claim(&mut served, c, 3), Ok(()));
     }
 }
