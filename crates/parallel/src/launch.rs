@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::{Backend, Device, DeviceId};
 use burn_collective::{CollectiveConfig, PeerId};
 
-use crate::ParallelError;
 use crate::local::{Health, LocalGroup};
+use crate::{Lighthouse, ParallelError, QuorumConfig, QuorumGroup};
 
 /// Settings of [`launch`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,22 +67,39 @@ where
             expected: "at least one device",
         });
     }
-    claim_collective_server::<B>()?;
-    burn_collective::reset_collective::<B>();
-    let health = Arc::new(Health::new(world, burn_collective::reset_collective::<B>));
+    // Ranks sharing a device of an asynchronous backend exchange through the host (see
+    // `needs_host_exchange`); every rank of the launch then does, so they meet.
+    let on_host = devices
+        .iter()
+        .any(|d| crate::local::needs_host_exchange::<B>(d, &devices));
+    let host = match on_host {
+        true => Some(Lighthouse::new(
+            QuorumConfig::new(world)
+                .with_min_replicas(world)
+                .with_timeout(config.timeout),
+        )?),
+        false => None,
+    };
+    let health = match on_host {
+        true => Arc::new(Health::new(world, || {})),
+        false => {
+            claim_collective_server::<B>()?;
+            burn_collective::reset_collective::<B>();
+            Arc::new(Health::new(world, burn_collective::reset_collective::<B>))
+        }
+    };
     let worker = Arc::new(worker);
     let (done_tx, done) = mpsc::channel();
-    let own_copies: Vec<bool> = devices
-        .iter()
-        .map(|d| crate::local::needs_own_copies::<B>(d, &devices))
-        .collect();
     for (rank, device) in devices.into_iter().enumerate() {
         let (shared, worker, done_tx) = (health.clone(), worker.clone(), done_tx.clone());
-        let own_copies = own_copies[rank];
+        let host = match &host {
+            Some(lighthouse) => Some(lighthouse.replica::<B>(rank, &device)?),
+            None => None,
+        };
         let spawned = thread::Builder::new()
             .name(format!("afterburner-rank-{rank}"))
             .spawn(move || {
-                let result = run_worker(rank, world, device, own_copies, &shared, &*worker);
+                let result = run_worker(rank, world, device, host, &shared, &*worker);
                 let _ = done_tx.send((rank, result));
             });
         if let Err(e) = spawned {
@@ -145,7 +162,7 @@ fn run_worker<B, R, E, F>(
     rank: usize,
     world: usize,
     device: B::Device,
-    own_copies: bool,
+    host: Option<QuorumGroup<B>>,
     health: &Arc<Health>,
     worker: &F,
 ) -> Option<R>
@@ -155,8 +172,9 @@ where
     F: Fn(LocalGroup<B>) -> Result<R, E>,
 {
     let peer = PeerId(rank as u32);
+    let on_collective = host.is_none();
     let config = CollectiveConfig::default().with_num_devices(world);
-    if let Err(e) = burn_collective::register::<B>(peer, device.clone(), config) {
+    if on_collective && let Err(e) = burn_collective::register::<B>(peer, device.clone(), config) {
         health.fail(health.failure().unwrap_or(ParallelError::Collective {
             op: "register",
             rank,
@@ -164,12 +182,12 @@ where
         }));
         return None;
     }
-    let group = LocalGroup::new(rank, world, device, health.clone(), own_copies);
+    let group = LocalGroup::new(rank, world, device, health.clone(), host);
     let outcome = catch_unwind(AssertUnwindSafe(|| worker(group)));
     let failure = match outcome {
         Ok(Ok(value)) => {
             health.returned(rank);
-            if health.failure().is_none() {
+            if health.failure().is_none() && on_collective {
                 let _ = burn_collective::finish_collective::<B>(peer);
             }
             return Some(value);

@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_collective::{CollectiveError, PeerId, ReduceOperation};
 
-use crate::{ParallelError, ProcessGroup, ReduceOp};
+use crate::{ParallelError, ProcessGroup, QuorumGroup, ReduceOp};
 
 /// What the workers of one launch share: the first failure, and where each rank is (for the
 /// watchdog and for fixed membership).
@@ -150,19 +150,21 @@ pub struct LocalGroup<B: Backend> {
     world_size: usize,
     device: B::Device,
     health: Arc<Health>,
-    /// Whether results are copied through the host into a buffer of this rank's own (see
-    /// [`needs_own_copies`]).
-    own_copies: bool,
+    /// The exchange through the host, where ranks share a device of an asynchronous backend
+    /// (see [`needs_host_exchange`]); `None`: burn-collective.
+    host: Option<QuorumGroup<B>>,
 }
 
-/// Whether ranks on `device` must copy collective results into buffers of their own: when
-/// another rank runs on the same device of an asynchronous (GPU) backend. burn-collective then
-/// hands every rank the same device buffer, which each rank's thread uses on its own stream;
-/// on wgpu (lavapipe) FSDP's gathers and reduce-scatters then read values another rank's
-/// stream changed (FSDP differed from DDP by a factor of 20-40; xtask's backend suite,
-/// `fsdp_equals_ddp`). Ranks on distinct devices get their own copies from burn-collective,
-/// and Burn's CPU backends (flex, ndarray) run each op to completion, so neither copies.
-pub(crate) fn needs_own_copies<B: Backend>(device: &B::Device, devices: &[B::Device]) -> bool {
+/// Whether ranks on `device` must exchange through the host: when another rank runs on the
+/// same device of an asynchronous (GPU) backend. burn-collective hands every rank the same
+/// device tensor, which each rank's thread then reads on its own stream: on wgpu (lavapipe)
+/// FSDP's gathers then read values another rank's stream changed (FSDP differed from DDP by a
+/// factor of 20-40; xtask's backend suite, `fsdp_equals_ddp`), and with Burn's fusion a rank
+/// reading another rank's tensor failed inside burn-fusion (`CallError`, 2 runs in 5 of the
+/// suite's DDP on fused wgpu). Through the host each rank reads and writes only its own
+/// tensors. Ranks on distinct devices get their own copies from burn-collective, and Burn's
+/// CPU backends (flex, ndarray) run each op to completion, so neither needs it.
+pub(crate) fn needs_host_exchange<B: Backend>(device: &B::Device, devices: &[B::Device]) -> bool {
     if devices.iter().filter(|d| *d == device).count() < 2 {
         return false;
     }
@@ -176,26 +178,34 @@ impl<B: Backend> LocalGroup<B> {
         world_size: usize,
         device: B::Device,
         health: Arc<Health>,
-        own_copies: bool,
+        host: Option<QuorumGroup<B>>,
     ) -> Self {
         Self {
             rank,
             world_size,
             device,
             health,
-            own_copies,
+            host,
         }
     }
 
-    /// A collective's result as this rank's tensor (copied through the host where ranks
-    /// share a device of an asynchronous backend).
-    fn receive(&self, primitive: B::FloatTensorPrimitive) -> Tensor<B, 1> {
-        let result = tensor(primitive);
-        if self.own_copies {
-            Tensor::from_data(result.into_data(), &self.device)
-        } else {
-            result
+    /// One collective through the host exchange: the same failure handling as [`run`]
+    /// (a failed or returned rank, the watchdog), the values combined on the host, each rank
+    /// reading and writing only its own tensors.
+    ///
+    /// [`run`]: Self::run
+    fn on_host<T>(
+        &self,
+        op: &'static str,
+        call: impl FnOnce() -> Result<T, ParallelError>,
+    ) -> Result<T, ParallelError> {
+        if let Some(failure) = self.health.failure() {
+            return Err(failure);
         }
+        self.health.enter(self.rank, op)?;
+        let result = call();
+        self.health.leave(self.rank);
+        result.map_err(|e| self.health.failure().unwrap_or(e))
     }
 
     /// This worker's device.
@@ -248,6 +258,9 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
     }
 
     fn all_reduce(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
+        if let Some(host) = &self.host {
+            return self.on_host("all_reduce", || host.all_reduce(t, op));
+        }
         let op = match op {
             ReduceOp::Sum => ReduceOperation::Sum,
             ReduceOp::Mean => ReduceOperation::Mean,
@@ -255,7 +268,7 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
         self.run("all_reduce", || {
             burn_collective::all_reduce::<B>(self.peer(), primitive(t), op)
         })
-        .map(|p| self.receive(p))
+        .map(tensor)
     }
 
     fn broadcast(
@@ -269,9 +282,21 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
                 reason: format!("broadcast from rank {root}: only the root passes a tensor"),
             });
         }
+        if let Some(host) = &self.host {
+            return self.on_host("broadcast", || host.broadcast(t, root));
+        }
         self.run("broadcast", || {
             burn_collective::broadcast::<B>(self.peer(), t.map(primitive))
         })
-        .map(|p| self.receive(p))
+        .map(tensor)
+    }
+
+    /// On the host exchange, one gather of every rank's values (burn-collective has no
+    /// all-gather: the default composes broadcasts).
+    fn all_gather(&self, t: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
+        match &self.host {
+            Some(host) => self.on_host("all_gather", || host.all_gather(t)),
+            None => crate::all_gather_by_broadcasts(self, t),
+        }
     }
 }

@@ -86,6 +86,9 @@ impl Drop for Handle {
             true => "its worker panicked",
             false => "its handle was dropped (the worker finished or failed)",
         };
+        if std::thread::panicking() {
+            tracing::warn!(replica = self.session.replica, "{reason}");
+        }
         self.coordinator.leave(&self.session, reason);
     }
 }

@@ -406,6 +406,7 @@ impl Lighthouse {
         for replica in late {
             if let Some(member) = state.members.get(&replica).copied() {
                 let reason = format!("it did not call collective {seq} within {seconds} s");
+                tracing::warn!(replica, "replica dropped from the quorum: {reason}");
                 drop_session(state, replica, member.session, &reason);
             }
         }
@@ -609,7 +610,7 @@ fn drop_session(state: &mut State, replica: usize, number: u64, reason: &str) {
         .is_some_and(|m| m.session == number)
     {
         state.members.remove(&replica);
-        tracing::warn!(replica, "replica dropped from the quorum: {reason}");
+        tracing::info!(replica, "replica out of the quorum: {reason}");
     }
     if state.joiners.get(&replica) == Some(&number) {
         state.joiners.remove(&replica);

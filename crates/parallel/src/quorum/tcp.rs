@@ -116,6 +116,7 @@ fn serve(stream: TcpStream, lighthouse: &Lighthouse) {
             Ok(frame) => frame,
             Err(_) => {
                 let reason = "its connection closed (the process exited or was killed)";
+                tracing::warn!(replica = session.replica, "{reason}");
                 lighthouse.leave(&session, reason);
                 return;
             }
