@@ -57,6 +57,38 @@ where
     E: Display,
     F: Fn(LocalGroup<B>) -> Result<R, E> + Send + Sync + 'static,
 {
+    launch_exchanging(devices, config, worker, false)
+}
+
+/// [`launch`] with the ranks exchanging through the host whatever the backend (what ranks
+/// sharing a GPU do), so its failure handling is tested on the CPU.
+#[cfg(feature = "testing")]
+pub fn launch_through_host<B, R, E, F>(
+    devices: Vec<B::Device>,
+    config: LaunchConfig,
+    worker: F,
+) -> Result<Vec<R>, ParallelError>
+where
+    B: Backend,
+    R: Send + 'static,
+    E: Display,
+    F: Fn(LocalGroup<B>) -> Result<R, E> + Send + Sync + 'static,
+{
+    launch_exchanging(devices, config, worker, true)
+}
+
+fn launch_exchanging<B, R, E, F>(
+    devices: Vec<B::Device>,
+    config: LaunchConfig,
+    worker: F,
+    host_exchange: bool,
+) -> Result<Vec<R>, ParallelError>
+where
+    B: Backend,
+    R: Send + 'static,
+    E: Display,
+    F: Fn(LocalGroup<B>) -> Result<R, E> + Send + Sync + 'static,
+{
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let world = devices.len();
@@ -69,23 +101,27 @@ where
     }
     // Ranks sharing a device of an asynchronous backend exchange through the host (see
     // `needs_host_exchange`); every rank of the launch then does, so they meet.
-    let on_host = devices
-        .iter()
-        .any(|d| crate::local::needs_host_exchange::<B>(d, &devices));
-    let host = match on_host {
-        true => Some(Lighthouse::new(
-            QuorumConfig::new(world)
+    let on_host = host_exchange
+        || devices
+            .iter()
+            .any(|d| crate::local::needs_host_exchange::<B>(d, &devices));
+    let (host, health) = match on_host {
+        true => {
+            // Strict: a lost rank fails the collective. Its own timeout is longer than the
+            // watchdog's, so the watchdog names the late rank first and aborts the rest.
+            let strict = QuorumConfig::new(world)
                 .with_min_replicas(world)
-                .with_timeout(config.timeout),
-        )?),
-        false => None,
-    };
-    let health = match on_host {
-        true => Arc::new(Health::new(world, || {})),
+                .with_timeout(config.timeout * 2);
+            let lighthouse = Lighthouse::new(strict)?;
+            let aborted = lighthouse.clone();
+            let reset = Box::new(move || aborted.abort("another rank failed"));
+            (Some(lighthouse), Arc::new(Health::new(world, reset)))
+        }
         false => {
             claim_collective_server::<B>()?;
             burn_collective::reset_collective::<B>();
-            Arc::new(Health::new(world, burn_collective::reset_collective::<B>))
+            let reset = Box::new(burn_collective::reset_collective::<B>);
+            (None, Arc::new(Health::new(world, reset)))
         }
     };
     let worker = Arc::new(worker);
@@ -182,6 +218,9 @@ where
         }));
         return None;
     }
+    // This rank stays in the host exchange until the health has recorded how it ended, so a
+    // stranded rank gets that (its name and reason), not a bare "fewer ranks".
+    let _in_exchange = host.clone();
     let group = LocalGroup::new(rank, world, device, health.clone(), host);
     let outcome = catch_unwind(AssertUnwindSafe(|| worker(group)));
     let failure = match outcome {

@@ -62,6 +62,8 @@ pub use group::{
     ProcessGroup, ReduceOp, all_gather_by_broadcasts, barrier_by_all_reduce,
     reduce_scatter_by_all_reduce,
 };
+#[cfg(feature = "testing")]
+pub use launch::launch_through_host;
 pub use launch::{LaunchConfig, launch, local_devices};
 pub use local::LocalGroup;
 #[cfg(all(feature = "mpi", feature = "testing"))]

@@ -16,7 +16,7 @@ pub(crate) struct Health {
     failure: Mutex<Option<ParallelError>>,
     ranks: Mutex<Vec<RankState>>,
     /// Unblocks every rank waiting in a collective (burn-collective's reset).
-    reset: fn(),
+    reset: Box<dyn Fn() + Send + Sync>,
 }
 
 /// Where one rank is, as far as the group is concerned.
@@ -32,7 +32,7 @@ struct RankState {
 }
 
 impl Health {
-    pub(crate) fn new(world_size: usize, reset: fn()) -> Self {
+    pub(crate) fn new(world_size: usize, reset: Box<dyn Fn() + Send + Sync>) -> Self {
         Self {
             failure: Mutex::new(None),
             ranks: Mutex::new(vec![RankState::default(); world_size]),

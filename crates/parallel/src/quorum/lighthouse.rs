@@ -164,6 +164,8 @@ struct State {
     next_session: u64,
     /// Bytes of live state passed to joiners.
     healing_bytes: u64,
+    /// Every collective fails with this from now on (see [`Lighthouse::abort`]).
+    aborted: Option<String>,
 }
 
 /// How many finished collectives are kept for members that have not read them yet (a member
@@ -211,6 +213,13 @@ impl Lighthouse {
     /// The replicas currently in the group, in order.
     pub fn members(&self) -> Vec<usize> {
         self.lock().members.keys().copied().collect()
+    }
+
+    /// Fails every collective in progress and every later one with `reason` (a strict group
+    /// whose launch failed elsewhere).
+    pub(crate) fn abort(&self, reason: &str) {
+        self.lock().aborted = Some(reason.to_string());
+        self.changed.notify_all();
     }
 
     /// Bytes of live state passed from live replicas to joining ones so far.
@@ -336,6 +345,13 @@ impl Lighthouse {
         }
         loop {
             Self::check_session(&state, session, "collective")?;
+            if let Some(reason) = &state.aborted {
+                return Err(ParallelError::Collective {
+                    op: "collective",
+                    rank: replica,
+                    reason: reason.clone(),
+                });
+            }
             if let Some(result) = state.results.get(&seq) {
                 let (values, members) = result.clone()?;
                 let donate = self.ask_donor(&mut state, replica);
