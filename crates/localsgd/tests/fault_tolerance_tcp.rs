@@ -211,3 +211,21 @@ fn tcp_replicas_survive_a_kill_and_heal_a_restarted_one() {
     drop(server);
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_bad_replica_id_or_no_lighthouse_is_a_named_error() {
+    let server = LighthouseServer::bind("127.0.0.1:0", QuorumConfig::new(3)).unwrap();
+    let device = Default::default();
+    let wait = Duration::from_millis(300);
+    let error = connect_tcp::<Flex>(server.address(), 7, &device, wait)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("replica id"), "{error}");
+    let address = server.address();
+    drop(server); // stops accepting: nothing answers there any more
+    std::thread::sleep(Duration::from_millis(100));
+    let error = connect_tcp::<Flex>(address, 0, &device, wait)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("lighthouse"), "{error}");
+}
