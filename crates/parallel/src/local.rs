@@ -189,12 +189,15 @@ impl<B: Backend> LocalGroup<B> {
         }
     }
 
-    /// One collective through the host exchange: the same failure handling as [`run`]
-    /// (a failed or returned rank, the watchdog), the values combined on the host, each rank
-    /// reading and writing only its own tensors.
-    ///
-    /// [`run`]: Self::run
-    fn on_host<T>(
+    /// This worker's device.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Runs one collective (burn-collective's or the host exchange's): refuses if the group
+    /// already failed or lost a rank, marks it for the watchdog, and turns an error into the
+    /// group's failure when there is one.
+    fn run<T>(
         &self,
         op: &'static str,
         call: impl FnOnce() -> Result<T, ParallelError>,
@@ -208,31 +211,13 @@ impl<B: Backend> LocalGroup<B> {
         result.map_err(|e| self.health.failure().unwrap_or(e))
     }
 
-    /// This worker's device.
-    pub fn device(&self) -> &B::Device {
-        &self.device
-    }
-
-    /// Runs one collective: refuses if the group already failed or lost a rank, marks it for the
-    /// watchdog, and turns an engine error into the group's failure when there is one.
-    fn run<T>(
-        &self,
-        op: &'static str,
-        call: impl FnOnce() -> Result<T, CollectiveError>,
-    ) -> Result<T, ParallelError> {
-        if let Some(failure) = self.health.failure() {
-            return Err(failure);
+    /// burn-collective's error in `op`, as this rank's.
+    fn engine_error(&self, op: &'static str, error: CollectiveError) -> ParallelError {
+        ParallelError::Collective {
+            op,
+            rank: self.rank,
+            reason: format!("{error:?}"),
         }
-        self.health.enter(self.rank, op)?;
-        let result = call();
-        self.health.leave(self.rank);
-        result.map_err(|e| {
-            self.health.failure().unwrap_or(ParallelError::Collective {
-                op,
-                rank: self.rank,
-                reason: format!("{e:?}"),
-            })
-        })
     }
 
     fn peer(&self) -> PeerId {
@@ -259,7 +244,7 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
 
     fn all_reduce(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
         if let Some(host) = &self.host {
-            return self.on_host("all_reduce", || host.all_reduce(t, op));
+            return self.run("all_reduce", || host.all_reduce(t, op));
         }
         let op = match op {
             ReduceOp::Sum => ReduceOperation::Sum,
@@ -267,6 +252,7 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
         };
         self.run("all_reduce", || {
             burn_collective::all_reduce::<B>(self.peer(), primitive(t), op)
+                .map_err(|e| self.engine_error("all_reduce", e))
         })
         .map(tensor)
     }
@@ -283,10 +269,11 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
             });
         }
         if let Some(host) = &self.host {
-            return self.on_host("broadcast", || host.broadcast(t, root));
+            return self.run("broadcast", || host.broadcast(t, root));
         }
         self.run("broadcast", || {
             burn_collective::broadcast::<B>(self.peer(), t.map(primitive))
+                .map_err(|e| self.engine_error("broadcast", e))
         })
         .map(tensor)
     }
@@ -295,7 +282,7 @@ impl<B: Backend> ProcessGroup<B> for LocalGroup<B> {
     /// all-gather: the default composes broadcasts).
     fn all_gather(&self, t: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
         match &self.host {
-            Some(host) => self.on_host("all_gather", || host.all_gather(t)),
+            Some(host) => self.run("all_gather", || host.all_gather(t)),
             None => crate::all_gather_by_broadcasts(self, t),
         }
     }

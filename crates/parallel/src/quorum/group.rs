@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::lighthouse::{Donation, Op, Reply, Session};
+use super::lighthouse::{Donation, Reply, Session};
+use super::round::Op;
 use super::{Lighthouse, Quorum};
 use crate::{ParallelError, ProcessGroup, ReduceOp};
 

@@ -7,91 +7,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use super::QuorumConfig;
+use super::config::invalid;
+use super::round::{Op, Outcome, Round, combine};
 use crate::ParallelError;
-
-/// The settings of a fault-tolerant replica group.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct QuorumConfig {
-    /// The replicas the run starts with (ids `0..replicas`).
-    pub replicas: usize,
-    /// How long a collective waits for a member that has not called it yet (counted from the
-    /// first member's call); then the member is dropped and the collective completes without it.
-    pub timeout: Duration,
-    /// How long a joining replica waits for a live replica's state.
-    pub join_timeout: Duration,
-    /// The fewest members a collective may complete with; fewer fail it on every member.
-    pub min_replicas: usize,
-}
-
-impl QuorumConfig {
-    /// `replicas` replicas, a 60 s collective timeout, 10 min to be healed, at least 1 member.
-    pub fn new(replicas: usize) -> Self {
-        Self {
-            replicas,
-            timeout: Duration::from_secs(60),
-            join_timeout: Duration::from_secs(600),
-            min_replicas: 1,
-        }
-    }
-
-    /// This config with another collective timeout.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// This config with another join timeout.
-    pub fn with_join_timeout(mut self, timeout: Duration) -> Self {
-        self.join_timeout = timeout;
-        self
-    }
-
-    /// This config with another minimum membership.
-    pub fn with_min_replicas(mut self, min_replicas: usize) -> Self {
-        self.min_replicas = min_replicas;
-        self
-    }
-
-    fn validate(&self) -> Result<(), ParallelError> {
-        if self.replicas == 0 {
-            return Err(invalid("quorum.replicas", "0", "at least 1 replica"));
-        }
-        if self.min_replicas == 0 || self.min_replicas > self.replicas {
-            return Err(invalid(
-                "quorum.min_replicas",
-                &self.min_replicas.to_string(),
-                "between 1 and the number of replicas",
-            ));
-        }
-        if self.timeout.is_zero() || self.join_timeout.is_zero() {
-            return Err(invalid("quorum.timeout", "0 s", "a positive duration"));
-        }
-        Ok(())
-    }
-}
-
-fn invalid(field: &'static str, value: &str, expected: &'static str) -> ParallelError {
-    ParallelError::InvalidConfig {
-        field,
-        value: value.to_string(),
-        expected,
-    }
-}
-
-/// What a collective computes from the members' contributions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    /// Element-wise sum over the members present.
-    Sum,
-    /// Element-wise sum divided by the number of members present.
-    Mean,
-    /// The root's values (the others contribute none).
-    Broadcast(usize),
-    /// Every member's values, in replica order.
-    Gather,
-}
 
 /// A replica's admission to the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,16 +43,6 @@ pub(crate) struct Donation {
     pub next_seq: u64,
     /// The state, encoded by the strategy.
     pub bytes: Arc<Vec<u8>>,
-}
-
-/// A finished collective: its values and the replicas they came from, or why it failed.
-type Outcome = Result<(Vec<Vec<f32>>, Vec<usize>), ParallelError>;
-
-/// One collective in progress.
-struct Round {
-    op: Op,
-    first_at: Instant,
-    contributions: BTreeMap<usize, Option<Vec<f32>>>,
 }
 
 /// A member: from which collective it takes part, and its session.
@@ -443,7 +354,7 @@ impl Lighthouse {
         let Some(round) = state.rounds.remove(&seq) else {
             return;
         };
-        let result = self.combine(round, &expected, seq);
+        let result = combine(round, &expected, seq, self.config.min_replicas);
         if let Ok((_, members)) = &result {
             let left: Vec<usize> = state
                 .last_members
@@ -466,58 +377,6 @@ impl Lighthouse {
             state.results.pop_first();
         }
         self.changed.notify_all();
-    }
-
-    /// The outcome of a finished round over its `members` (the contributions of replicas
-    /// dropped meanwhile are left out).
-    fn combine(&self, round: Round, members: &[usize], seq: u64) -> Outcome {
-        let fail = |reason: String| ParallelError::Collective {
-            op: "collective",
-            rank: members.first().copied().unwrap_or(0),
-            reason,
-        };
-        if members.len() < self.config.min_replicas {
-            return Err(fail(format!(
-                "collective {seq}: {} replica(s) present, fewer than min_replicas = {}",
-                members.len(),
-                self.config.min_replicas
-            )));
-        }
-        let mut parts: Vec<(usize, Vec<f32>)> = round
-            .contributions
-            .into_iter()
-            .filter(|(r, _)| members.contains(r))
-            .filter_map(|(r, v)| v.map(|v| (r, v)))
-            .collect();
-        let members = members.to_vec();
-        match round.op {
-            Op::Broadcast(root) => match parts.into_iter().find(|(r, _)| *r == root) {
-                Some((_, values)) => Ok((vec![values], members)),
-                None => Err(fail(format!(
-                    "collective {seq}: the broadcast's root, replica {root}, left the quorum"
-                ))),
-            },
-            Op::Gather => Ok((parts.drain(..).map(|(_, v)| v).collect(), members)),
-            Op::Sum | Op::Mean => {
-                let len = parts.first().map_or(0, |(_, v)| v.len());
-                if let Some((r, v)) = parts.iter().find(|(_, v)| v.len() != len) {
-                    return Err(fail(format!(
-                        "collective {seq}: replica {r} sent {} values, replica {} sent {len}",
-                        v.len(),
-                        parts[0].0
-                    )));
-                }
-                let mut sum = vec![0f32; len];
-                for (_, values) in &parts {
-                    sum.iter_mut().zip(values).for_each(|(s, v)| *s += v);
-                }
-                if round.op == Op::Mean {
-                    let count = parts.len().max(1) as f32;
-                    sum.iter_mut().for_each(|s| *s /= count);
-                }
-                Ok((vec![sum], members))
-            }
-        }
     }
 
     /// Takes `session`'s replica out of the group (it finished, failed or disconnected); the
@@ -638,89 +497,5 @@ fn drop_session(state: &mut State, replica: usize, number: u64, reason: &str) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Runs collective 0 with `calls[r]` on replica r, each on its own thread.
-    fn round(
-        lighthouse: &Arc<Lighthouse>,
-        calls: Vec<(Op, Option<Vec<f32>>)>,
-    ) -> Vec<Result<Reply, ParallelError>> {
-        let sessions: Vec<Session> = (0..calls.len())
-            .map(|r| lighthouse.connect(r).unwrap())
-            .collect();
-        let threads: Vec<_> = calls
-            .into_iter()
-            .zip(sessions)
-            .map(|((op, values), session)| {
-                let lighthouse = lighthouse.clone();
-                std::thread::spawn(move || lighthouse.collective(&session, 0, op, values))
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    }
-
-    #[test]
-    fn a_gather_holds_the_replicas_present_and_a_mean_divides_by_them() {
-        let lighthouse = Lighthouse::new(QuorumConfig::new(3)).unwrap();
-        let gone = lighthouse.connect(2).unwrap();
-        lighthouse.leave(&gone, "the test");
-        let replies = round(
-            &lighthouse,
-            vec![(Op::Gather, Some(vec![1.0])), (Op::Gather, Some(vec![2.0]))],
-        );
-        for reply in replies {
-            let reply = reply.unwrap();
-            assert_eq!(reply.values, vec![vec![1.0], vec![2.0]]);
-            assert_eq!(reply.members, vec![0, 1]);
-        }
-    }
-
-    #[test]
-    fn mismatched_collectives_fail_every_member() {
-        let lighthouse = Lighthouse::new(QuorumConfig::new(2)).unwrap();
-        let replies = round(
-            &lighthouse,
-            vec![(Op::Sum, Some(vec![1.0])), (Op::Mean, Some(vec![2.0]))],
-        );
-        assert!(replies.iter().all(|r| r.is_err()), "{replies:?}");
-        let lighthouse = Lighthouse::new(QuorumConfig::new(2)).unwrap();
-        let replies = round(
-            &lighthouse,
-            vec![(Op::Sum, Some(vec![1.0])), (Op::Sum, Some(vec![2.0, 3.0]))],
-        );
-        for reply in replies {
-            let error = reply.unwrap_err().to_string();
-            assert!(error.contains("sent 2 values"), "{error}");
-        }
-    }
-
-    #[test]
-    fn fewer_replicas_than_min_replicas_fail_the_collective() {
-        let config = QuorumConfig::new(3).with_min_replicas(3);
-        let lighthouse = Lighthouse::new(config).unwrap();
-        let gone = lighthouse.connect(2).unwrap();
-        lighthouse.leave(&gone, "the test");
-        let replies = round(
-            &lighthouse,
-            vec![(Op::Mean, Some(vec![1.0])), (Op::Mean, Some(vec![2.0]))],
-        );
-        for reply in replies {
-            let error = reply.unwrap_err().to_string();
-            assert!(error.contains("min_replicas = 3"), "{error}");
-        }
-    }
-
-    #[test]
-    fn a_broadcast_whose_root_left_fails_with_its_name() {
-        let lighthouse = Lighthouse::new(QuorumConfig::new(2)).unwrap();
-        let gone = lighthouse.connect(0).unwrap();
-        lighthouse.leave(&gone, "the test");
-        let session = lighthouse.connect(1).unwrap();
-        let error = lighthouse
-            .collective(&session, 0, Op::Broadcast(0), None)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("root, replica 0, left"), "{error}");
-    }
-}
+#[path = "lighthouse_tests.rs"]
+mod tests;

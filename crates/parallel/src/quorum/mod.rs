@@ -17,17 +17,20 @@
 //! DDP, ZeRO and FSDP refuse a quorum group: their replicas step together on shared
 //! gradients or shards, so one lost replica loses state; they fail fast instead.
 
+mod config;
 mod group;
 mod heal;
 mod lighthouse;
+mod round;
 #[cfg(feature = "testing")]
 mod scenario;
 mod tcp;
 mod wire;
 
+pub use config::QuorumConfig;
 pub use group::QuorumGroup;
 pub use heal::{donate_live_state, receive_live_state};
-pub use lighthouse::{Lighthouse, QuorumConfig};
+pub use lighthouse::Lighthouse;
 #[cfg(feature = "testing")]
 pub use scenario::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use tcp::{LighthouseServer, connect_tcp};

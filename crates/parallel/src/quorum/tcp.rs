@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::Backend;
 
 use super::group::Coordinator;
-use super::lighthouse::{Donation, Op, Reply, Session};
+use super::lighthouse::{Donation, Reply, Session};
+use super::round::Op;
 use super::wire::{Frame, put_bytes, put_f32s, put_u64};
 use super::{Lighthouse, QuorumConfig, QuorumGroup};
 use crate::ParallelError;
