@@ -121,7 +121,8 @@ impl Lighthouse {
         &self.config
     }
 
-    /// The replicas currently in the group, in order.
+    /// The replicas currently in the group, in order (the founding ones from the start, until
+    /// dropped, whether they have connected yet or not).
     pub fn members(&self) -> Vec<usize> {
         self.lock().members.keys().copied().collect()
     }
