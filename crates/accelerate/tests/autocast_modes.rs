@@ -95,18 +95,18 @@ fn op_needs_the_autocast_backend_and_bad_modes_are_named() {
 /// Every parameter's gradient (in f32) and its dtype under `bf16-mixed` per op, with `policy`
 /// checkpointing, the backward pass run by `backward` (the Accelerator's, or a plain
 /// `loss.backward()`).
-fn vit_grads(
+fn vit_grads<B: AutodiffBackend>(
     policy: afterburner::CheckpointPolicy,
     backward: impl FnOnce(&Accelerator<B>, Tensor<B, 1>) -> <B as AutodiffBackend>::Gradients,
 ) -> (Vec<f32>, Vec<DType>) {
-    let device = Default::default();
+    let device = B::Device::default();
     let config = AcceleratorConfig {
         precision: "bf16-mixed".parse().unwrap(),
         autocast: AutocastMode::Op,
         gradient_checkpointing: policy,
         ..Default::default()
     };
-    let acc = Accelerator::<B>::new(config, device).unwrap();
+    let acc = Accelerator::<B>::new(config, device.clone()).unwrap();
     B::seed(&device, 11);
     let model = acc
         .setup_model(common::tiny_vit().init::<B>(&device))
@@ -122,8 +122,8 @@ fn vit_grads(
         .init(&device)
         .forward(logits, batch.labels);
     let grads = backward(&acc, loss);
-    struct Collect<'a>(&'a <B as AutodiffBackend>::Gradients, Vec<f32>, Vec<DType>);
-    impl ModuleVisitor<B> for Collect<'_> {
+    struct Collect<'a, B: AutodiffBackend>(&'a B::Gradients, Vec<f32>, Vec<DType>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let grad = param.val().grad(self.0).expect("a gradient");
             self.2.push(grad.dtype());
@@ -131,7 +131,7 @@ fn vit_grads(
             self.1.extend(grad.into_data().to_vec::<f32>().unwrap());
         }
     }
-    let mut collect = Collect(&grads, Vec::new(), Vec::new());
+    let mut collect = Collect::<B>(&grads, Vec::new(), Vec::new());
     model.visit(&mut collect);
     (collect.1, collect.2)
 }
@@ -140,8 +140,8 @@ fn vit_grads(
 fn checkpointed_blocks_recompute_under_the_forwards_autocast_policy() {
     use afterburner::CheckpointPolicy::{All, None as Off};
     let _rng = common::rng_lock();
-    let off = vit_grads(Off, |acc, loss| acc.raw_backward(loss));
-    let on = vit_grads(All, |acc, loss| acc.raw_backward(loss));
+    let off = vit_grads::<B>(Off, |acc, loss| acc.raw_backward(loss));
+    let on = vit_grads::<B>(All, |acc, loss| acc.raw_backward(loss));
     // Before the recompute ran under the forward's scope (its helper thread had none), the
     // two differed by 3.0e-3: the recomputed blocks ran their matmuls in f32.
     assert_eq!(
@@ -153,7 +153,7 @@ fn checkpointed_blocks_recompute_under_the_forwards_autocast_policy() {
     }
     // The backward pass runs in the scope too. Outside it the gradients differ, and the
     // head's bias gets the bf16 gradient of its half output.
-    let plain = vit_grads(Off, |_, loss| loss.backward());
+    let plain = vit_grads::<B>(Off, |_, loss| loss.backward());
     assert!(plain.1.contains(&DType::BF16), "{:?}", plain.1);
     let err = rel_l2(&plain.0, &off.0);
     println!(
@@ -164,7 +164,11 @@ fn checkpointed_blocks_recompute_under_the_forwards_autocast_policy() {
 
 /// The full parameters after one epoch of 96 digits of the tiny ViT under bf16-mixed per op,
 /// on `world` in-process ranks with `strategy`, checkpointing every block when `checkpoint`.
-fn train_per_op(strategy: afterburner::Strategy, checkpoint: bool, world: usize) -> Vec<f32> {
+fn train_per_op<B: AutodiffBackend>(
+    strategy: afterburner::Strategy,
+    checkpoint: bool,
+    world: usize,
+) -> Vec<f32> {
     let device = Default::default();
     B::seed(&device, 8);
     let initial = common::tiny_vit().init::<B>(&device);
@@ -184,7 +188,7 @@ fn train_per_op(strategy: afterburner::Strategy, checkpoint: bool, world: usize)
         },
         ..Default::default()
     };
-    let ranks = Accelerator::<B>::launch(config, vec![device; world], move |mut acc| {
+    let ranks = Accelerator::<B>::launch(config, vec![device.clone(); world], move |mut acc| {
         let (mut model, mut optim) =
             acc.setup(initial.clone(), burn::optim::AdamWConfig::new().init())?;
         let items = afterburner::demos::digits::load()?.take(96);
@@ -211,8 +215,8 @@ fn train_per_op(strategy: afterburner::Strategy, checkpoint: bool, world: usize)
 fn fsdp_with_checkpointing_equals_ddp_under_per_op_autocast() {
     use afterburner::Strategy::{Ddp, Fsdp};
     let _rng = common::rng_lock();
-    let ddp = train_per_op(Ddp, false, 2);
-    let fsdp = train_per_op(Fsdp, true, 2);
+    let ddp = train_per_op::<B>(Ddp, false, 2);
+    let fsdp = train_per_op::<B>(Fsdp, true, 2);
     let err = common::max_rel(&fsdp, &ddp, 1e-3);
     println!("bf16-mixed per op: fsdp x2 + checkpointing vs ddp x2, max relative {err:e}");
     assert!(err <= 1e-5, "{err}");
@@ -222,9 +226,9 @@ fn fsdp_with_checkpointing_equals_ddp_under_per_op_autocast() {
 }
 
 /// Every float parameter's values (in f32) and dtype, in visit order.
-fn values_of<M: Module<B>>(model: &M) -> (Vec<f32>, Vec<DType>) {
+fn values_of<B: Backend, M: Module<B>>(model: &M) -> (Vec<f32>, Vec<DType>) {
     struct Values(Vec<f32>, Vec<DType>);
-    impl ModuleVisitor<B> for Values {
+    impl<B: Backend> ModuleVisitor<B> for Values {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let value = param.val();
             self.1.push(value.dtype());
@@ -235,4 +239,32 @@ fn values_of<M: Module<B>>(model: &M) -> (Vec<f32>, Vec<DType>) {
     let mut values = Values(Vec::new(), Vec::new());
     model.visit(&mut values);
     (values.0, values.1)
+}
+
+/// The same stack with the casts recorded by Autodiff (`Autocast<Autodiff<Flex>>`): per op
+/// through the Accelerator, checkpointed blocks recompute under the forward's policy (same
+/// gradients on and off, every one f32, close to the casts below Autodiff), and FSDP with
+/// checkpointing trains as DDP (both find Burn's `Autodiff` underneath).
+#[test]
+fn recorded_casts_checkpoint_and_shard_as_casts_below_autodiff() {
+    use afterburner::CheckpointPolicy::{All, None as Off};
+    use afterburner::Strategy::{Ddp, Fsdp};
+    type Recorded = Autocast<Autodiff<Flex>>;
+    let _rng = common::rng_lock();
+    let off = vit_grads::<Recorded>(Off, |acc, loss| acc.raw_backward(loss));
+    let on = vit_grads::<Recorded>(All, |acc, loss| acc.raw_backward(loss));
+    assert_eq!(
+        on.0, off.0,
+        "the same gradients with checkpointing on and off"
+    );
+    assert!(off.1.iter().all(|d| *d == DType::F32), "{:?}", off.1);
+    let below = vit_grads::<B>(Off, |acc, loss| acc.raw_backward(loss));
+    let err = rel_l2(&off.0, &below.0);
+    println!("bf16-mixed per op: recorded casts vs casts below Autodiff, gradients {err:.2e}");
+    assert!(err < 2e-2, "{err}");
+    let ddp = train_per_op::<Recorded>(Ddp, false, 2);
+    let fsdp = train_per_op::<Recorded>(Fsdp, true, 2);
+    let err = common::max_rel(&fsdp, &ddp, 1e-3);
+    println!("recorded casts: fsdp x2 + checkpointing vs ddp x2, max relative {err:e}");
+    assert!(err <= 1e-5, "{err}");
 }

@@ -72,7 +72,7 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
                 field: "autocast",
                 value: autocast.to_string(),
                 expected: "\"view\" or \"auto\" on this backend; \"op\" needs it wrapped as \
-                           Autodiff<afterburner::Autocast<B>>",
+                           Autodiff<afterburner::Autocast<B>> (or Autocast<Autodiff<B>>)",
             });
         }
         if precision.is_emulated_on::<B>(device) {

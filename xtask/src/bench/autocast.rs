@@ -3,7 +3,8 @@
 //! ViT, next to PyTorch's `torch.autocast` on the same weights when PyTorch imports
 //! (`autocast_error.rs`). Cost: step time and peak memory of 32-true, bf16-mixed per op and
 //! bf16-mixed through the view on the `--models` (default the ViT and the LM built from Burn's
-//! layers), all on `Autodiff<Autocast<I>>`. Writes `bench-results/autocast-<backend>.*`.
+//! layers), on `Autodiff<Autocast<I>>` and per op also on `Autocast<Autodiff<I>>` (the casts
+//! recorded by Autodiff). Writes `bench-results/autocast-<backend>.*`.
 
 use std::fmt::Write as _;
 
@@ -34,10 +35,39 @@ struct Report {
     cost: Vec<Cost>,
 }
 
-const SETTINGS: [(&str, Precision, AutocastMode); 3] = [
-    ("32-true", Precision::Full32, AutocastMode::Auto),
-    ("bf16-mixed, op", Precision::Bf16Mixed, AutocastMode::Op),
-    ("bf16-mixed, view", Precision::Bf16Mixed, AutocastMode::View),
+/// Where the `Autocast` layer sits: below Autodiff (`Autodiff<Autocast<I>>`, the casts
+/// unrecorded) or above it (`Autocast<Autodiff<I>>`, the casts recorded).
+#[derive(Clone, Copy)]
+enum Stack {
+    Below,
+    Above,
+}
+
+const SETTINGS: [(&str, Precision, AutocastMode, Stack); 4] = [
+    (
+        "32-true",
+        Precision::Full32,
+        AutocastMode::Auto,
+        Stack::Below,
+    ),
+    (
+        "bf16-mixed, op (casts below Autodiff)",
+        Precision::Bf16Mixed,
+        AutocastMode::Op,
+        Stack::Below,
+    ),
+    (
+        "bf16-mixed, op (casts recorded)",
+        Precision::Bf16Mixed,
+        AutocastMode::Op,
+        Stack::Above,
+    ),
+    (
+        "bf16-mixed, view",
+        Precision::Bf16Mixed,
+        AutocastMode::View,
+        Stack::Below,
+    ),
 ];
 
 /// Runs the accuracy half, then the cost half.
@@ -72,14 +102,19 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     for &model in models {
         let mut best: [Option<Measured>; SETTINGS.len()] = [None; SETTINGS.len()];
         for round in 0..o.rounds {
-            for (k, (name, precision, mode)) in SETTINGS.iter().enumerate() {
+            for (k, (name, precision, mode, stack)) in SETTINGS.iter().enumerate() {
                 progress.next(format!(
                     "{model:?} round {}/{}: {name}",
                     round + 1,
                     o.rounds
                 ));
                 let none = CheckpointPolicy::None;
-                let m = scenario_autocast::<B<I>>(o, model, none, *precision, *mode)?;
+                let m = match stack {
+                    Stack::Below => scenario_autocast::<B<I>>(o, model, none, *precision, *mode)?,
+                    Stack::Above => scenario_autocast::<Autocast<Autodiff<I>>>(
+                        o, model, none, *precision, *mode,
+                    )?,
+                };
                 best[k] = Some(Measured::best(best[k], m));
             }
         }
@@ -137,7 +172,7 @@ fn markdown(o: &Options, report: &Report) -> String {
     }
     let _ = write!(
         md,
-        "\nCost on `Autodiff<Autocast<{}>>`, AdamW, no checkpointing, {} timed steps after {} \
+        "\nCost on `Autodiff<Autocast<{}>>` (casts recorded: `Autocast<Autodiff<..>>`), AdamW, no checkpointing, {} timed steps after {} \
          warm-up, best time of {} rounds. Memory: peak live heap during forward + backward.{}\n\n\
          | model | precision, autocast | ms/step | time vs 32-true | fwd+bwd peak MiB | final \
          loss |\n|---|---|---|---|---|---|\n",

@@ -1,0 +1,98 @@
+//! `Autocast<Autodiff<Flex>>`: op-level autocast above Autodiff, whose casts Autodiff records.
+//! It computes the outputs and gradients of `Autodiff<Autocast<Flex>>` (the casts below
+//! Autodiff), on the same weights, per op in bf16 and f16 and outside a scope.
+
+use afterburner_precision::{Autocast, autocast_ops};
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderInput};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Distribution, Tensor};
+
+type Below = Autodiff<Autocast<Flex>>;
+type Above = Autocast<Autodiff<Flex>>;
+
+/// Flex has one process-wide RNG: tests that seed it and build models run one at a time.
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Every parameter's gradient (each must be f32), concatenated.
+fn gradients<B: AutodiffBackend, M: Module<B>>(model: &M, grads: &B::Gradients) -> Vec<f32> {
+    struct Collect<'a, B: AutodiffBackend>(&'a B::Gradients, Vec<f32>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Collect<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let grad = param.val().grad(self.0).expect("a gradient");
+            assert_eq!(grad.dtype(), DType::F32, "f32 parameters get f32 gradients");
+            self.1.extend(grad.into_data().to_vec::<f32>().unwrap());
+        }
+    }
+    let mut collect = Collect::<B>(grads, Vec::new());
+    model.visit(&mut collect);
+    collect.1
+}
+
+/// A two-layer `TransformerEncoder` seeded with `seed`, run on a seeded batch: the output
+/// (in f32) and every parameter's gradient of `sum(out * target)`, the forward and backward
+/// under `half`'s op-level scope when given.
+fn encoder_run<B: AutodiffBackend>(seed: u64, half: Option<DType>) -> (Vec<f32>, Vec<f32>) {
+    let device = Default::default();
+    B::seed(&device, seed);
+    let encoder = TransformerEncoderConfig::new(32, 64, 4, 2)
+        .with_dropout(0.0)
+        .init::<B>(&device);
+    let normal = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<B, 3>::random([4, 8, 32], normal, &device);
+    let target = Tensor::<B, 3>::random([4, 8, 32], normal, &device);
+    let scoped = |f: &mut dyn FnMut()| match half {
+        Some(half) => autocast_ops(half, f),
+        None => f(),
+    };
+    let mut out = None;
+    scoped(&mut || out = Some(encoder.forward(TransformerEncoderInput::new(x.clone()))));
+    let out = out.expect("ran").cast(DType::F32);
+    let loss = (out.clone() * target.clone()).sum();
+    let mut grads = None;
+    scoped(&mut || grads = Some(loss.clone().backward()));
+    let grads = gradients(&encoder, &grads.expect("ran"));
+    (out.into_data().to_vec::<f32>().unwrap(), grads)
+}
+
+/// Largest `|a - b|` relative to the largest `|b|`.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    diff / scale
+}
+
+#[test]
+fn recorded_casts_compute_what_casts_below_autodiff_compute() {
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+    let (_, grads_f32) = encoder_run::<Below>(3, None);
+    for half in [None, Some(DType::BF16), Some(DType::F16)] {
+        let (out_below, grads_below) = encoder_run::<Below>(3, half);
+        let (out_above, grads_above) = encoder_run::<Above>(3, half);
+        let (out, grads) = (
+            max_diff(&out_above, &out_below),
+            max_diff(&grads_above, &grads_below),
+        );
+        let (above_f32, below_f32) = (
+            max_diff(&grads_above, &grads_f32),
+            max_diff(&grads_below, &grads_f32),
+        );
+        println!(
+            "{half:?}: recorded vs below: output {out:.2e}, gradients {grads:.2e}; gradients \
+             vs f32: recorded {above_f32:.2e}, below {below_f32:.2e}"
+        );
+        match half {
+            None => assert!(out == 0.0 && grads == 0.0, "f32: {out} {grads}"),
+            Some(half) => {
+                assert!(above_f32 > 1e-4, "{half:?} computes in half: {above_f32}");
+                assert!(out < 1e-2 && grads < 2e-2, "{half:?}: {out} {grads}");
+                assert!(
+                    above_f32 < 1.5 * below_f32,
+                    "{half:?}: as close to f32: {above_f32} vs {below_f32}"
+                );
+            }
+        }
+    }
+}
