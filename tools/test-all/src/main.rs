@@ -49,17 +49,17 @@ fn main() -> ExitCode {
         workspace.push("--".into());
         workspace.extend(test_side.iter().cloned());
     }
-    let mut runs = vec![workspace];
+    let mut runs = vec![(workspace, Vec::new())];
     match &vulkan {
-        None => runs.push(wgpu_suite(cargo_side, test_side)),
+        None => runs.push((wgpu_suite(cargo_side, test_side), wgpu_env())),
         Some(missing) => {
             println!("test-all: skipping the wgpu backend suite ({missing} not found)");
             println!("test-all: to run it: sudo apt-get install -y {VULKAN_PACKAGES}");
         }
     }
     let mut code = 0;
-    for args in runs {
-        let status = cargo(&args);
+    for (args, env) in runs {
+        let status = cargo(&args, &env);
         if code == 0 && status != 0 {
             code = status;
         }
@@ -122,11 +122,28 @@ fn wgpu_suite(cargo_side: &[String], test_side: &[String]) -> Vec<String> {
     args
 }
 
-/// Runs cargo with `args`; its exit code (2 when it cannot start, 1 when killed by a signal).
-fn cargo(args: &[String]) -> u8 {
-    println!("test-all: cargo {}", args.join(" "));
+/// The wgpu suite's environment: CubeCL's autotune at its `minimal` level unless the caller
+/// chose one. wgpu is built with fusion and autotune, and the suite checks results, not
+/// speed: on lavapipe (no GPU) timing every candidate kernel took it from about 190 s to 380.
+fn wgpu_env() -> Vec<(String, String)> {
+    const LEVEL: &str = "CUBECL_AUTOTUNE_LEVEL";
+    match std::env::var_os(LEVEL) {
+        Some(_) => Vec::new(),
+        None => vec![(LEVEL.to_string(), "minimal".to_string())],
+    }
+}
+
+/// Runs cargo with `args` and the extra environment `env`; its exit code (2 when it cannot
+/// start, 1 when killed by a signal).
+fn cargo(args: &[String], env: &[(String, String)]) -> u8 {
+    let shown: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("test-all: {}cargo {}", shown.concat(), args.join(" "));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    match Command::new(cargo).args(args).status() {
+    match Command::new(cargo)
+        .args(args)
+        .envs(env.iter().cloned())
+        .status()
+    {
         Ok(status) => match status.code() {
             Some(0) => 0,
             Some(code) => code.clamp(1, 255) as u8,

@@ -1,6 +1,6 @@
 //! The fusion suite (`--suite fusion --backend wgpu|cuda`): the same Accelerator training
 //! steps on Burn's fused backend (`Fusion<CubeBackend<R>>`, what `burn::backend::Wgpu` and
-//! `Cuda` are with the `fusion` feature) and on the unfused one (`CubeBackend<R>`), side by
+//! `Cuda` are with xtask's `wgpu` and `cuda` features) and on the unfused one (`CubeBackend<R>`), side by
 //! side in one run, under `Autodiff<Autocast<_>>` at 32-true and, where the device has bf16,
 //! bf16-mixed per op. Reports ms per step and the unfused / fused time ratio; writes
 //! `bench-results/fusion-<backend>.*`.

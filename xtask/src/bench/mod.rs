@@ -290,14 +290,6 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
 
 /// The fusion suite on the backend `--backend` names, fused and unfused side by side.
 fn fusion_on_backend(o: &Options) -> Result<(), String> {
-    if !cfg!(feature = "fusion") {
-        return Err(
-            "the fusion suite compares Burn's fused backend with the unfused one: \
-                    build xtask with the fusion feature (cargo run --release -p xtask \
-                    --features wgpu,fusion,autotune -- bench --suite fusion --backend wgpu)"
-                .into(),
-        );
-    }
     match o.backend.as_str() {
         #[cfg(feature = "wgpu")]
         "wgpu" => fusion::bench::<

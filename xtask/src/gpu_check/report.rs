@@ -130,14 +130,27 @@ impl Report {
     }
 }
 
-/// The kernel-changing Burn features compiled into this binary.
-pub fn built_with() -> Vec<String> {
-    let mut features = Vec::new();
-    if cfg!(feature = "fusion") {
-        features.push("fusion".to_string());
+/// The kernel-changing Burn features backend `I` was built with: "fusion" when it is Burn's
+/// `Fusion<..>` backend, "autotune" with it (xtask's `cuda` and `wgpu` features turn both on);
+/// none on flex.
+pub fn built_with<I>() -> Vec<String> {
+    match std::any::type_name::<I>().contains("Fusion<") {
+        true => vec!["fusion".to_string(), "autotune".to_string()],
+        false => Vec::new(),
     }
-    if cfg!(feature = "autotune") {
-        features.push("autotune".to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::built_with;
+
+    #[test]
+    fn a_fused_backend_reports_fusion_and_autotune_and_flex_neither() {
+        assert!(built_with::<burn::backend::Flex>().is_empty());
+        #[cfg(feature = "wgpu")]
+        assert_eq!(
+            built_with::<afterburner::Autocast<burn::backend::Wgpu>>(),
+            ["fusion", "autotune"]
+        );
     }
-    features
 }

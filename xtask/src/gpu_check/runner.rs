@@ -74,7 +74,7 @@ pub fn run_on<I: Backend>(options: &Options) -> Exit {
     let report = Report {
         backend: options.backend.clone(),
         backend_name,
-        built_with: super::report::built_with(),
+        built_with: super::report::built_with::<I>(),
         gpus: if options.backend == "cuda" {
             cuda_env::gpus()
         } else {
