@@ -49,7 +49,7 @@ pub use autocast::{
     CastFloats, autocast_view, autocast_view_except, cast_module, materialize_params,
     shared_float_state,
 };
-pub use backend::{Autocast, autocast_dtype, autocast_ops, promotes_dtypes};
+pub use backend::{Autocast, autocast_dtype, autocast_ops, promotes_dtypes, record_autocast_nodes};
 pub use error::PrecisionError;
 pub use mode::AutocastMode;
 pub use plugin::{OpScope, PrecisionPlugin};

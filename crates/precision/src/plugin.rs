@@ -66,6 +66,7 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
         device: &B::Device,
     ) -> Result<Self, PrecisionError> {
         precision.check_backend::<B>(device)?;
+        crate::record_autocast_nodes::<B>();
         let promotes = promotes_dtypes::<B>(device);
         if autocast == AutocastMode::Op && !promotes {
             return Err(PrecisionError::InvalidSetting {

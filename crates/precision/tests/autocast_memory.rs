@@ -100,14 +100,18 @@ const WIDTH: usize = 128;
 const ROWS: usize = 2048;
 
 #[test]
-fn recorded_casts_save_the_half_copy_of_a_matmul_input() {
+fn recorded_casts_save_the_half_copy_of_a_matmul_input_and_layer_norm_its_input_only() {
     let below = measure::<Autodiff<Autocast<Flex>>>();
     let above = measure::<Autocast<Autodiff<Flex>>>();
+    afterburner_precision::record_autocast_nodes::<Autocast<Autodiff<Flex>>>();
+    let nodes = measure::<Autocast<Autodiff<Flex>>>();
     let kib = |b: usize| b / 1024;
     println!(
-        "saved for backward, KiB: casts below Autodiff {}; recorded {}",
+        "saved for backward, KiB: casts below Autodiff {}; recorded {}; recorded, layer norm \
+         as one node {}",
         kib(below),
-        kib(above)
+        kib(above),
+        kib(nodes)
     );
     // Each block's LayerNorm output (f32, freed after the cast when the cast is recorded)
     // feeds one half Linear: below Autodiff the Linear keeps it in f32 (4 bytes a value),
@@ -118,5 +122,12 @@ fn recorded_casts_save_the_half_copy_of_a_matmul_input() {
     assert!(
         above + expected * 9 / 10 <= below,
         "recorded {above} vs below {below}: expected at least {expected} bytes fewer"
+    );
+    // Decomposed, each LayerNorm saves its centred input and normalised output (2 f32
+    // copies); as one node, its input only.
+    let one_copy = BLOCKS * ROWS * WIDTH * 4;
+    assert!(
+        nodes + one_copy * 9 / 10 <= above && nodes + one_copy * 11 / 10 >= above,
+        "layer norm as one node {nodes} vs decomposed {above}: expected {one_copy} bytes fewer"
     );
 }

@@ -6,7 +6,7 @@ use afterburner_precision::{Autocast, autocast_ops};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderInput};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Distribution, Tensor};
 
 type Below = Autodiff<Autocast<Flex>>;
@@ -94,5 +94,49 @@ fn recorded_casts_compute_what_casts_below_autodiff_compute() {
                 );
             }
         }
+    }
+}
+
+/// Inside a scope, `Autocast<Autodiff<Flex>>` runs LayerNorm as one node (registered by
+/// `record_autocast_nodes`) computing in f32: its output and the gradients of the input, gamma
+/// and beta equal Autodiff's decomposed layer norm (outside a scope) to f32 rounding, and a
+/// half input gets a half gradient.
+#[test]
+fn layer_norm_as_one_node_gives_the_decomposed_gradients() {
+    use burn::nn::LayerNormConfig;
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+    afterburner_precision::record_autocast_nodes::<Above>();
+    let device = Default::default();
+    let run = |scoped: bool, dtype: DType| {
+        Above::seed(&device, 7);
+        let norm = LayerNormConfig::new(32).init::<Above>(&device);
+        let normal = Distribution::Normal(1.0, 2.0);
+        let x = Tensor::<Above, 3>::random([4, 8, 32], normal, &device)
+            .cast(dtype)
+            .require_grad();
+        let target = Tensor::<Above, 3>::random([4, 8, 32], normal, &device);
+        let out = match scoped {
+            true => autocast_ops(DType::BF16, || norm.forward(x.clone())),
+            false => norm.forward(x.clone().cast(DType::F32)),
+        };
+        assert_eq!(out.dtype(), DType::F32, "layer norm runs in f32 per op");
+        let grads = (out.clone() * target).sum().backward();
+        let x_grad = x.grad(&grads).expect("a gradient");
+        assert_eq!(x_grad.dtype(), dtype, "the input's gradient in its dtype");
+        let values = |t: Tensor<Flex, 3>| t.cast(DType::F32).into_data().to_vec::<f32>().unwrap();
+        let params = gradients(&norm, &grads);
+        (values(out.inner()), values(x_grad), params)
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let (out_node, x_node, params_node) = run(true, dtype);
+        let (out_ref, x_ref, params_ref) = run(false, dtype);
+        let diffs = [
+            max_diff(&out_node, &out_ref),
+            max_diff(&x_node, &x_ref),
+            max_diff(&params_node, &params_ref),
+        ];
+        println!("{dtype:?} input: node vs decomposed, output/x/params {diffs:?}");
+        let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        assert!(diffs.iter().all(|d| *d < bound), "{dtype:?}: {diffs:?}");
     }
 }

@@ -33,6 +33,7 @@
 
 use core::marker::PhantomData;
 
+pub use nodes::record_autocast_nodes;
 pub use scope::{autocast_dtype, autocast_ops};
 
 use burn::tensor::DType;
@@ -46,6 +47,7 @@ mod float;
 mod int;
 mod linear;
 mod module;
+mod nodes;
 mod promote;
 mod quantized;
 mod scope;

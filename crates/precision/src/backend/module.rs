@@ -18,7 +18,7 @@ use burn::tensor::ops::MaxPool2dWithIndices;
 use burn::tensor::ops::ModuleOps;
 use burn::tensor::ops::UnfoldOptions;
 
-use super::{Autocast, forward, linear, promote, promoted, scope};
+use super::{Autocast, forward, linear, nodes, promote, promoted, scope};
 
 /// A convolution's (or transposed convolution's) forward and backward ops, on operands
 /// promoted to one float dtype (`promote.rs`): an f32 activation meets half weights in f32.
@@ -209,13 +209,22 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         fn interpolate_backward(x, grad, output_size: [usize; 2], options: InterpolateOptions) -> FloatTensor<Self>;
     }
 
-    /// Layer norm in f32 inside an op-level autocast scope, on operands of one dtype.
+    /// Layer norm in f32 inside an op-level autocast scope, on operands of one dtype (above
+    /// Autodiff, as one autodiff node: `nodes.rs`).
     fn layer_norm(
         tensor: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
         beta: Option<FloatTensor<Self>>,
         epsilon: f64,
     ) -> FloatTensor<Self> {
+        // Above Autodiff, one node that saves only its input (`nodes.rs`).
+        let (tensor, gamma, beta) = match scope::autocast_dtype() {
+            Some(_) => match nodes::layer_norm::<B>(tensor, gamma, beta, epsilon) {
+                Ok(out) => return out,
+                Err(operands) => operands,
+            },
+            None => (tensor, gamma, beta),
+        };
         let (tensor, gamma, beta) =
             promote::with_bias::<B>(scope::to_f32::<B>(tensor), gamma, beta);
         B::layer_norm(tensor, gamma, beta, epsilon)
