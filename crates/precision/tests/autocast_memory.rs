@@ -95,16 +95,51 @@ fn measure<B: AutodiffBackend>() -> usize {
     saved_bytes(&model, &x)
 }
 
+/// Attention's projections: one LayerNorm whose output three Linears (query, key, value) read.
+#[derive(Module, Debug)]
+struct Qkv<B: Backend> {
+    norm: LayerNorm<B>,
+    projections: Vec<Linear<B>>,
+}
+
+/// The bytes [`Qkv`] on a [2048, 128] input saves for backward, as [`measure`] measures.
+fn measure_qkv<B: AutodiffBackend>() -> usize {
+    let device = Default::default();
+    let model = Qkv::<B> {
+        norm: LayerNormConfig::new(WIDTH).init(&device),
+        projections: (0..3)
+            .map(|_| LinearConfig::new(WIDTH, WIDTH).init(&device))
+            .collect(),
+    };
+    let x = Tensor::<B, 2>::random([ROWS, WIDTH], Distribution::Normal(0.0, 1.0), &device);
+    let saved = || {
+        let start = LIVE.load(Ordering::Relaxed);
+        let out = autocast_ops(DType::BF16, || {
+            let h = model.norm.forward(x.clone());
+            let mut projected = model.projections.iter().map(|p| p.forward(h.clone()));
+            let first = projected.next().expect("three projections");
+            projected.fold(first, |acc, p| acc + p)
+        });
+        let saved = LIVE.load(Ordering::Relaxed) - start;
+        drop(out);
+        saved
+    };
+    saved();
+    saved()
+}
+
 const BLOCKS: usize = 4;
 const WIDTH: usize = 128;
 const ROWS: usize = 2048;
 
 #[test]
-fn recorded_casts_save_the_half_copy_of_a_matmul_input_and_layer_norm_its_input_only() {
+fn recorded_casts_save_half_copies_layer_norm_its_input_and_shared_casts_one_copy() {
     let below = measure::<Autodiff<Autocast<Flex>>>();
     let above = measure::<Autocast<Autodiff<Flex>>>();
+    let qkv_above = measure_qkv::<Autocast<Autodiff<Flex>>>();
     afterburner_precision::record_autocast_nodes::<Autocast<Autodiff<Flex>>>();
     let nodes = measure::<Autocast<Autodiff<Flex>>>();
+    let qkv_nodes = measure_qkv::<Autocast<Autodiff<Flex>>>();
     let kib = |b: usize| b / 1024;
     println!(
         "saved for backward, KiB: casts below Autodiff {}; recorded {}; recorded, layer norm \
@@ -112,6 +147,12 @@ fn recorded_casts_save_the_half_copy_of_a_matmul_input_and_layer_norm_its_input_
         kib(below),
         kib(above),
         kib(nodes)
+    );
+    println!(
+        "query/key/value projections, saved KiB: recorded {}; with the nodes and the cast \
+         cache {}",
+        kib(qkv_above),
+        kib(qkv_nodes)
     );
     // Each block's LayerNorm output (f32, freed after the cast when the cast is recorded)
     // feeds one half Linear: below Autodiff the Linear keeps it in f32 (4 bytes a value),
@@ -129,5 +170,13 @@ fn recorded_casts_save_the_half_copy_of_a_matmul_input_and_layer_norm_its_input_
     assert!(
         nodes + one_copy * 9 / 10 <= above && nodes + one_copy * 11 / 10 >= above,
         "layer norm as one node {nodes} vs decomposed {above}: expected {one_copy} bytes fewer"
+    );
+    // Recorded, each projection casts the LayerNorm output and keeps its half copy (3 x 2
+    // bytes a value); with the scope's cast cache they share one (2 bytes), and the norm saves
+    // its input only (4 bytes a value instead of 8).
+    let expected = ROWS * WIDTH * (4 + 4);
+    assert!(
+        qkv_nodes + expected * 9 / 10 <= qkv_above && qkv_nodes + expected * 11 / 10 >= qkv_above,
+        "shared cast {qkv_nodes} vs three {qkv_above}: expected {expected} bytes fewer"
     );
 }

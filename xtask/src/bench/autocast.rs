@@ -85,7 +85,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         _ => Model::selected(o)?,
     };
     let nets = [Net::Encoder, Net::Vit];
-    let total = nets.len() * 2 + models.len() * o.rounds * SETTINGS.len();
+    let total = nets.len() * 4 + models.len() * o.rounds * SETTINGS.len();
     let mut progress = super::progress::Progress::new("autocast", total);
     let mut report = Report {
         errors: Vec::new(),
@@ -97,6 +97,12 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             report
                 .errors
                 .push(errors::<B<I>>(net, precision, python.as_deref())?);
+            progress.next(format!(
+                "{net:?} {precision}, casts recorded: errors vs f32"
+            ));
+            let mut recorded = errors::<Autocast<Autodiff<I>>>(net, precision, None)?;
+            recorded.precision = format!("{precision}, casts recorded");
+            report.errors.push(recorded);
         }
     }
     for &model in models {

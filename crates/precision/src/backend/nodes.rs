@@ -1,5 +1,6 @@
-//! LayerNorm as one autodiff node under op-level autocast when `Autocast` sits above Burn's
-//! Autodiff (`Autocast<Autodiff<I>>`, the casts recorded).
+//! LayerNorm as one autodiff node, and one half cast per activation per scope, under op-level
+//! autocast when `Autocast` sits above Burn's Autodiff (`Autocast<Autodiff<I>>`, the casts
+//! recorded).
 //!
 //! Autodiff decomposes `layer_norm` into basic ops, each saving its operands: autocast runs it
 //! in f32, so the centred input and the normalised output are saved as two f32 copies of the
@@ -7,11 +8,16 @@
 //! and recomputes the statistics in the backward pass, as PyTorch's fused layer norm does
 //! (which also keeps the per-row mean and 1/std).
 //!
+//! A recorded cast is saved by the half op that reads it; attention's query, key and value
+//! projections each cast the same LayerNorm output, so the scope caches casts of tracked tensors
+//! (PyTorch's autocast caches the casts of its weights) and they share one half copy.
+//!
 //! `Autocast<B>`'s ops are generic over `B: Backend` and cannot name Autodiff's node API, so
 //! the node is reached through a registry keyed by the float primitive's type, filled by
 //! [`record_autocast_nodes`] where the autodiff backend is known (`PrecisionPlugin::new`).
 
 use std::any::{Any, TypeId};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{OnceLock, PoisonError, RwLock};
 
@@ -35,6 +41,55 @@ type Erased = Box<dyn Any + Send>;
 #[derive(Clone, Copy)]
 struct Nodes {
     layer_norm: fn(Erased, Erased, Erased, f64) -> Erased,
+    /// The graph node id of a tensor that requires a gradient, `None` for one that does not.
+    tracked_id: fn(&dyn Any) -> Option<u64>,
+}
+
+/// Nodes for `FloatTensor<B>`, when registered.
+fn nodes<B: Backend>() -> Option<Nodes> {
+    registry()
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&TypeId::of::<FloatTensor<B>>())
+        .copied()
+}
+
+/// A cached cast's key: the primitive type, the graph node id of the tensor cast, the dtype.
+type CastKey = (TypeId, u64, DType);
+
+thread_local! {
+    /// The half casts of tracked tensors made in this thread's current autocast scope.
+    static CASTS: RefCell<HashMap<CastKey, Box<dyn Any>>> = RefCell::new(HashMap::new());
+}
+
+/// `tensor` cast to `dtype`; for a tracked tensor of a registered type, the cast made earlier in
+/// the same scope when there is one, so an activation read by several half ops (attention's
+/// query, key and value projections) is cast, and saved for backward, once. Untracked tensors
+/// (inference, checkpointed blocks' forward) are not cached, so the cache holds nothing the
+/// graph would not.
+pub(super) fn cached_cast<B: Backend>(tensor: FloatTensor<B>, dtype: DType) -> FloatTensor<B> {
+    let id = nodes::<B>().and_then(|nodes| (nodes.tracked_id)(&tensor));
+    let Some(id) = id else {
+        return promote::cast::<B>(tensor, dtype);
+    };
+    let key = (TypeId::of::<FloatTensor<B>>(), id, dtype);
+    let hit = CASTS.with(|casts| {
+        casts
+            .borrow()
+            .get(&key)
+            .and_then(|cast| cast.downcast_ref::<FloatTensor<B>>().cloned())
+    });
+    if let Some(cast) = hit {
+        return cast;
+    }
+    let cast = promote::cast::<B>(tensor, dtype);
+    CASTS.with(|casts| casts.borrow_mut().insert(key, Box::new(cast.clone())));
+    cast
+}
+
+/// Forgets this thread's cached casts (its outermost autocast scope ended).
+pub(super) fn clear_cached_casts() {
+    CASTS.with(|casts| casts.borrow_mut().clear());
 }
 
 fn registry() -> &'static RwLock<HashMap<TypeId, Nodes>> {
@@ -57,31 +112,34 @@ pub fn record_autocast_nodes<B: AutodiffBackend>() {
             TypeId::of::<FloatTensor<B>>(),
             Nodes {
                 layer_norm: erased_layer_norm::<B::InnerBackend>,
+                tracked_id: tracked_id::<B::InnerBackend>,
             },
         );
 }
 
+/// A layer norm's input, gamma and beta.
+pub(super) type NormOperands<B> = (FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>);
+
 /// LayerNorm in f32 as one node, when `B`'s float primitive is a registered autodiff one and
 /// the norm has a bias; `Err` gives the operands back otherwise.
-#[allow(clippy::type_complexity)]
 pub(super) fn layer_norm<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: Option<FloatTensor<B>>,
     epsilon: f64,
-) -> Result<FloatTensor<B>, (FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>)> {
-    let nodes = registry()
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&TypeId::of::<FloatTensor<B>>())
-        .copied();
-    let (Some(nodes), Some(beta)) = (nodes, beta.clone()) else {
+) -> Result<FloatTensor<B>, NormOperands<B>> {
+    let (Some(nodes), Some(beta)) = (nodes::<B>(), beta.clone()) else {
         return Err((x, gamma, beta));
     };
     let out = (nodes.layer_norm)(Box::new(x), Box::new(gamma), Box::new(beta), epsilon);
     Ok(*out
         .downcast::<FloatTensor<B>>()
         .expect("the registry maps a type to its own nodes"))
+}
+
+fn tracked_id<I: Backend>(tensor: &dyn Any) -> Option<u64> {
+    let tensor = tensor.downcast_ref::<Tracked<I>>()?;
+    tensor.is_tracked().then_some(tensor.node.id.value)
 }
 
 fn erased_layer_norm<I: Backend>(x: Erased, gamma: Erased, beta: Erased, epsilon: f64) -> Erased {

@@ -21,7 +21,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::promote;
+use super::{nodes, promote};
 
 thread_local! {
     /// The half dtype of the innermost [`autocast_ops`] scope on this thread.
@@ -41,6 +41,9 @@ pub fn autocast_ops<R>(half: DType, f: impl FnOnce() -> R) -> R {
     impl Drop for Restore {
         fn drop(&mut self) {
             HALF.with(|h| h.set(self.0));
+            if self.0.is_none() {
+                nodes::clear_cached_casts();
+            }
         }
     }
     let _restore = Restore(previous);
@@ -56,7 +59,7 @@ pub fn autocast_dtype() -> Option<DType> {
 pub(super) fn to_half<B: Backend>(tensor: FloatTensor<B>) -> FloatTensor<B> {
     match autocast_dtype() {
         Some(half) if matches!(tensor.dtype(), DType::F32 | DType::F64) => {
-            promote::cast::<B>(tensor, half)
+            nodes::cached_cast::<B>(tensor, half)
         }
         _ => tensor,
     }
