@@ -18,7 +18,7 @@
 
 use std::any::{Any, TypeId};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{OnceLock, PoisonError, RwLock};
 
 use burn::backend::Autodiff;
@@ -57,13 +57,18 @@ fn nodes<B: Backend>() -> Option<Nodes> {
 /// A cached cast's key: the primitive type, the graph node id of the tensor cast, the dtype.
 type CastKey = (TypeId, u64, DType);
 
+/// How many recent casts a scope keeps: enough for the reads of one activation that follow
+/// each other (query, key, value), and a bound on what a scope left open for many steps holds.
+const CACHED_CASTS: usize = 16;
+
 thread_local! {
-    /// The half casts of tracked tensors made in this thread's current autocast scope.
-    static CASTS: RefCell<HashMap<CastKey, Box<dyn Any>>> = RefCell::new(HashMap::new());
+    /// The most recent half casts of tracked tensors in this thread's current autocast scope,
+    /// oldest first.
+    static CASTS: RefCell<VecDeque<(CastKey, Box<dyn Any>)>> = const { RefCell::new(VecDeque::new()) };
 }
 
-/// `tensor` cast to `dtype`; for a tracked tensor of a registered type, the cast made earlier in
-/// the same scope when there is one, so an activation read by several half ops (attention's
+/// `tensor` cast to `dtype`; for a tracked tensor of a registered type, the cast made recently
+/// in the same scope when there is one, so an activation read by several half ops (attention's
 /// query, key and value projections) is cast, and saved for backward, once. Untracked tensors
 /// (inference, checkpointed blocks' forward) are not cached, so the cache holds nothing the
 /// graph would not.
@@ -76,14 +81,21 @@ pub(super) fn cached_cast<B: Backend>(tensor: FloatTensor<B>, dtype: DType) -> F
     let hit = CASTS.with(|casts| {
         casts
             .borrow()
-            .get(&key)
-            .and_then(|cast| cast.downcast_ref::<FloatTensor<B>>().cloned())
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, cast)| cast.downcast_ref::<FloatTensor<B>>().cloned())
     });
     if let Some(cast) = hit {
         return cast;
     }
     let cast = promote::cast::<B>(tensor, dtype);
-    CASTS.with(|casts| casts.borrow_mut().insert(key, Box::new(cast.clone())));
+    CASTS.with(|casts| {
+        let mut casts = casts.borrow_mut();
+        if casts.len() == CACHED_CASTS {
+            casts.pop_front();
+        }
+        casts.push_back((key, Box::new(cast.clone())));
+    });
     cast
 }
 
@@ -284,4 +296,54 @@ fn backward<I: Backend>(
         promote::cast::<I>(dgamma, gamma_dtype),
         promote::cast::<I>(dbeta, beta_dtype),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Autocast, autocast_ops};
+    use burn::backend::Flex;
+    use burn::tensor::Tensor;
+
+    type Above = Autocast<Autodiff<Flex>>;
+
+    fn cached() -> usize {
+        CASTS.with(|casts| casts.borrow().len())
+    }
+
+    #[test]
+    fn a_scope_casts_a_tracked_tensor_once_and_keeps_a_bounded_number() {
+        record_autocast_nodes::<Above>();
+        let device = Default::default();
+        let tracked = || {
+            Tensor::<Above, 1>::ones([4], &device)
+                .require_grad()
+                .into_primitive()
+                .tensor()
+        };
+        autocast_ops(DType::BF16, || {
+            let x = tracked();
+            let first = cached_cast::<Autodiff<Flex>>(x.clone(), DType::BF16);
+            let again = cached_cast::<Autodiff<Flex>>(x.clone(), DType::BF16);
+            assert_eq!(first.node.id, again.node.id, "one cast node, shared");
+            assert_eq!(first.dtype(), DType::BF16);
+            let untracked = Tensor::<Above, 1>::ones([4], &device)
+                .into_primitive()
+                .tensor();
+            let (a, b) = (
+                cached_cast::<Autodiff<Flex>>(untracked.clone(), DType::BF16),
+                cached_cast::<Autodiff<Flex>>(untracked, DType::BF16),
+            );
+            assert_ne!(a.node.id, b.node.id, "untracked tensors are not cached");
+            for _ in 0..3 * CACHED_CASTS {
+                cached_cast::<Autodiff<Flex>>(tracked(), DType::BF16);
+            }
+            assert_eq!(
+                cached(),
+                CACHED_CASTS,
+                "a scope keeps the most recent casts only"
+            );
+        });
+        assert_eq!(cached(), 0, "the scope's end forgets them");
+    }
 }
