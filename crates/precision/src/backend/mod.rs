@@ -45,6 +45,7 @@ mod autodiff;
 mod bool;
 mod float;
 mod int;
+mod layer_norm_node;
 mod linear;
 mod module;
 mod nodes;
