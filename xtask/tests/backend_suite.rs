@@ -1,5 +1,6 @@
-//! The backend suite (xtask/src/suite) as tests: on flex and `Autocast<Flex>` always, on wgpu
-//! and `Autocast<Wgpu>` when built with `--features wgpu` (Mesa's software Vulkan driver,
+//! The backend suite (xtask/src/suite) as tests: on flex, `Autocast<Flex>` and
+//! `Autocast<Autodiff<Flex>>` always, on wgpu and its two `Autocast` stacks when built with
+//! `--features wgpu` (Mesa's software Vulkan driver,
 //! lavapipe, in CI: see docs/gpu.md), and on LibTorch with `--features tch`.
 //!
 //! Each backend's checks run one at a time (flex keeps one process-wide RNG that the
@@ -14,9 +15,10 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 macro_rules! backend_tests {
-    ($module:ident, $backend:ty, [$($check:ident),* $(,)?]) => {
+    ($module:ident, $autodiff:ty, [$($check:ident),* $(,)?]) => {
         mod $module {
-            type B = burn::backend::Autodiff<$backend>;
+            use super::*;
+            type B = $autodiff;
             $(
                 #[test]
                 fn $check() {
@@ -29,10 +31,10 @@ macro_rules! backend_tests {
 }
 
 macro_rules! suite {
-    ($module:ident, $backend:ty) => {
+    ($module:ident, $autodiff:ty) => {
         backend_tests!(
             $module,
-            $backend,
+            $autodiff,
             [
                 bf16_mixed_gradients_match_f32,
                 f16_mixed_gradients_match_f32,
@@ -46,21 +48,29 @@ macro_rules! suite {
     };
 }
 
+use afterburner::Autocast;
+use burn::backend::Autodiff;
+
 #[cfg(feature = "flex")]
-suite!(flex, burn::backend::Flex);
+suite!(flex, Autodiff<burn::backend::Flex>);
 #[cfg(feature = "wgpu")]
-suite!(wgpu, burn::backend::Wgpu);
+suite!(wgpu, Autodiff<burn::backend::Wgpu>);
 // Every capability through the decorator the examples use (`Autodiff<Autocast<Flex>>`).
 #[cfg(feature = "flex")]
-suite!(autocast_flex, afterburner::Autocast<burn::backend::Flex>);
+suite!(autocast_flex, Autodiff<Autocast<burn::backend::Flex>>);
 // Op-level autocast (the default there) on a GPU backend.
 #[cfg(feature = "wgpu")]
-suite!(autocast_wgpu, afterburner::Autocast<burn::backend::Wgpu>);
+suite!(autocast_wgpu, Autodiff<Autocast<burn::backend::Wgpu>>);
+// Op-level autocast above Autodiff (the casts recorded, LayerNorm as one autodiff node).
+#[cfg(feature = "flex")]
+suite!(recorded_flex, Autocast<Autodiff<burn::backend::Flex>>);
+#[cfg(feature = "wgpu")]
+suite!(recorded_wgpu, Autocast<Autodiff<burn::backend::Wgpu>>);
 // LibTorch: `--features tch` with libtorch 2.9.0 installed (docs/performance.md).
 #[cfg(feature = "tch")]
-suite!(tch, burn::backend::LibTorch);
+suite!(tch, Autodiff<burn::backend::LibTorch>);
 #[cfg(feature = "tch")]
-suite!(autocast_tch, afterburner::Autocast<burn::backend::LibTorch>);
+suite!(autocast_tch, Autodiff<Autocast<burn::backend::LibTorch>>);
 
 /// Every check of the suite has a test here, in the suite's order.
 #[test]
