@@ -1,7 +1,8 @@
 //! What the autodiff graph keeps under op-level autocast, above and below Autodiff: with the
 //! casts recorded (`Autocast<Autodiff<Flex>>`) a half matmul saves the half copy of an f32
 //! input, which is freed when nothing else holds it; with the casts below Autodiff
-//! (`Autodiff<Autocast<Flex>>`) it keeps the f32 input.
+//! (`Autodiff<Autocast<Flex>>`) it keeps the f32 input. LayerNorm and softmax as one node each
+//! save less than decomposed.
 //!
 //! One test in its own binary: the counting allocator sees the whole process.
 
@@ -128,18 +129,43 @@ fn measure_qkv<B: AutodiffBackend>() -> usize {
     saved()
 }
 
+/// The bytes attention's weights save for backward: `softmax(scores) @ values` on `[HEADS, ROWS
+/// / 8, ROWS / 8]` scores (f32, as a half `q @ k^T` hands them on after the recorded cast) and
+/// `[HEADS, ROWS / 8, WIDTH]` values, as [`measure`] measures.
+fn measure_attention<B: AutodiffBackend>() -> usize {
+    let device = Default::default();
+    let tokens = ROWS / 8;
+    let normal = Distribution::Normal(0.0, 1.0);
+    let scores = Tensor::<B, 3>::random([HEADS, tokens, tokens], normal, &device).require_grad();
+    let values = Tensor::<B, 3>::random([HEADS, tokens, WIDTH], normal, &device).require_grad();
+    let saved = || {
+        let start = LIVE.load(Ordering::Relaxed);
+        let out = autocast_ops(DType::BF16, || {
+            burn::tensor::activation::softmax(scores.clone(), 2).matmul(values.clone())
+        });
+        let saved = LIVE.load(Ordering::Relaxed) - start;
+        drop(out);
+        saved
+    };
+    saved();
+    saved()
+}
+
+const HEADS: usize = 4;
 const BLOCKS: usize = 4;
 const WIDTH: usize = 128;
 const ROWS: usize = 2048;
 
 #[test]
-fn recorded_casts_save_half_copies_layer_norm_its_input_and_shared_casts_one_copy() {
+fn recorded_casts_save_half_copies_nodes_save_less_and_shared_casts_one_copy() {
     let below = measure::<Autodiff<Autocast<Flex>>>();
     let above = measure::<Autocast<Autodiff<Flex>>>();
     let qkv_above = measure_qkv::<Autocast<Autodiff<Flex>>>();
+    let attention_above = measure_attention::<Autocast<Autodiff<Flex>>>();
     afterburner_precision::record_autocast_nodes::<Autocast<Autodiff<Flex>>>();
     let nodes = measure::<Autocast<Autodiff<Flex>>>();
     let qkv_nodes = measure_qkv::<Autocast<Autodiff<Flex>>>();
+    let attention_nodes = measure_attention::<Autocast<Autodiff<Flex>>>();
     let kib = |b: usize| b / 1024;
     println!(
         "saved for backward, KiB: casts below Autodiff {}; recorded {}; recorded, layer norm \
@@ -153,6 +179,11 @@ fn recorded_casts_save_half_copies_layer_norm_its_input_and_shared_casts_one_cop
          cache {}",
         kib(qkv_above),
         kib(qkv_nodes)
+    );
+    println!(
+        "softmax then matmul, saved KiB: recorded {}; softmax as one node {}",
+        kib(attention_above),
+        kib(attention_nodes)
     );
     // Each block's LayerNorm output (f32, freed after the cast when the cast is recorded)
     // feeds one half Linear: below Autodiff the Linear keeps it in f32 (4 bytes a value),
@@ -178,5 +209,16 @@ fn recorded_casts_save_half_copies_layer_norm_its_input_and_shared_casts_one_cop
     assert!(
         qkv_nodes + expected * 9 / 10 <= qkv_above && qkv_nodes + expected * 11 / 10 >= qkv_above,
         "shared cast {qkv_nodes} vs three {qkv_above}: expected {expected} bytes fewer"
+    );
+    // Decomposed in f32, the softmax keeps `exp`'s input (Autodiff recomputes `exp` from it)
+    // and the division's numerator, `exp`'s output (4 + 4 bytes a score), and the matmul the
+    // half cast of its output (2 bytes); as one node it keeps one half copy, which the matmul
+    // reads as its cast (2 bytes).
+    let expected = HEADS * (ROWS / 8) * (ROWS / 8) * 8;
+    assert!(
+        attention_nodes + expected * 9 / 10 <= attention_above
+            && attention_nodes + expected * 11 / 10 >= attention_above,
+        "softmax node {attention_nodes} vs decomposed {attention_above}: expected {expected} \
+         bytes fewer"
     );
 }

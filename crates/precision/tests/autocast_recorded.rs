@@ -140,3 +140,65 @@ fn layer_norm_as_one_node_gives_the_decomposed_gradients() {
         assert!(diffs.iter().all(|d| *d < bound), "{dtype:?}: {diffs:?}");
     }
 }
+
+/// Inside a scope, `Autocast<Autodiff<Flex>>` runs softmax as one node computing in f32: its
+/// output equals Autodiff's decomposed softmax in f32 (outside a scope) to f32 rounding, the
+/// input's gradient (in the input's dtype) to the rounding of the half copy of the output its
+/// backward reads, and a half matmul reading the output gets the same values.
+#[test]
+fn softmax_as_one_node_gives_the_decomposed_gradients() {
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
+    afterburner_precision::record_autocast_nodes::<Above>();
+    let device = Default::default();
+    let run = |half: Option<DType>, dtype: DType| {
+        Above::seed(&device, 11);
+        let normal = Distribution::Normal(0.0, 2.0);
+        let x = Tensor::<Above, 3>::random([4, 8, 8], normal, &device)
+            .cast(dtype)
+            .require_grad();
+        let values = Tensor::<Above, 3>::random([4, 8, 16], normal, &device).require_grad();
+        let target = Tensor::<Above, 3>::random([4, 8, 8], normal, &device);
+        let (weights, context) = match half {
+            Some(half) => autocast_ops(half, || {
+                let weights = burn::tensor::activation::softmax(x.clone(), 2);
+                (weights.clone(), weights.matmul(values.clone()))
+            }),
+            None => {
+                let weights = burn::tensor::activation::softmax(x.clone().cast(DType::F32), 2);
+                (weights.clone(), weights.matmul(values.clone()))
+            }
+        };
+        assert_eq!(weights.dtype(), DType::F32, "softmax runs in f32 per op");
+        let loss = (weights.clone() * target).sum() + context.clone().cast(DType::F32).sum();
+        let grads = loss.backward();
+        let x_grad = x.grad(&grads).expect("a gradient");
+        assert_eq!(x_grad.dtype(), dtype, "the input's gradient in its dtype");
+        let values_grad = values.grad(&grads).expect("a gradient");
+        let flat = |t: Tensor<Flex, 3>| t.cast(DType::F32).into_data().to_vec::<f32>().unwrap();
+        [
+            flat(weights.inner()),
+            flat(context.inner()),
+            flat(x_grad),
+            flat(values_grad),
+        ]
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        for half in [DType::BF16, DType::F16] {
+            let node = run(Some(half), dtype);
+            let reference = run(None, dtype);
+            let diffs: Vec<f32> = node
+                .iter()
+                .zip(&reference)
+                .map(|(a, b)| max_diff(a, b))
+                .collect();
+            println!(
+                "{dtype:?} input, {half:?}: node vs decomposed f32, weights/context/x grad/values grad {diffs:?}"
+            );
+            assert!(diffs[0] < 1e-5, "{dtype:?} {half:?}: weights {diffs:?}");
+            assert!(
+                diffs[1..].iter().all(|d| *d < 2e-2),
+                "{dtype:?} {half:?}: {diffs:?}"
+            );
+        }
+    }
+}

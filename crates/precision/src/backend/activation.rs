@@ -1,12 +1,12 @@
 //! `ActivationOps` for [`Autocast`]: every method forwarded to the inner backend, those on two
 //! float tensors (the backward ops, `prelu`) after dtype promotion.
 
-use burn::tensor::Scalar;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::ActivationOps;
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Scalar, TensorMetadata};
 
-use super::{Autocast, forward, in_f32, promote, promoted, scope};
+use super::{Autocast, forward, in_f32, nodes, promote, promoted, scope};
 
 impl<B: Backend> ActivationOps<Self> for Autocast<B> {
     forward! { B;
@@ -28,7 +28,21 @@ impl<B: Backend> ActivationOps<Self> for Autocast<B> {
     }
 
     in_f32! {
-        fn softmax(tensor, dim: usize) -> FloatTensor<Self>;
         fn log_softmax(tensor, dim: usize) -> FloatTensor<Self>;
+    }
+
+    /// In f32 inside a scope; on `Autocast<Autodiff<I>>`, as one autodiff node keeping a half
+    /// copy of its output (`softmax_node.rs`).
+    fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
+        let tensor = match scope::autocast_dtype() {
+            Some(half) if tensor.dtype() != DType::F64 => {
+                match nodes::softmax::<B>(tensor, dim, half) {
+                    Ok(out) => return out,
+                    Err(tensor) => tensor,
+                }
+            }
+            _ => tensor,
+        };
+        B::softmax(scope::to_f32::<B>(tensor), dim)
     }
 }

@@ -52,6 +52,7 @@ mod nodes;
 mod promote;
 mod quantized;
 mod scope;
+mod softmax_node;
 mod transaction;
 
 /// Implements each listed method of an op trait by calling the inner backend's method of the

@@ -1,11 +1,13 @@
-//! LayerNorm as one autodiff node, and one half cast per activation per scope, under op-level
-//! autocast when `Autocast` sits above Burn's Autodiff (`Autocast<Autodiff<I>>`, the casts
-//! recorded).
+//! LayerNorm and softmax as one autodiff node each, and one half cast per activation per scope,
+//! under op-level autocast when `Autocast` sits above Burn's Autodiff (`Autocast<Autodiff<I>>`,
+//! the casts recorded).
 //!
 //! Autodiff decomposes `layer_norm` into basic ops, each saving its operands: autocast runs it
 //! in f32, so the centred input and the normalised output are saved as two f32 copies of the
 //! activation (the half view saves the same two in half). As one node (`layer_norm_node.rs`)
-//! it saves only its input.
+//! it saves only its input. Softmax, decomposed, saves `exp`'s input and output in f32; as one
+//! node (`softmax_node.rs`) it saves a half copy of its output, which is also the cached cast
+//! the next half op reads.
 //!
 //! A recorded cast is saved by the half op that reads it; attention's query, key and value
 //! projections each cast the same LayerNorm output, so the scope caches casts of tracked tensors
@@ -28,6 +30,7 @@ use burn::tensor::ops::FloatTensor;
 
 use super::layer_norm_node::layer_norm_node;
 use super::promote;
+use super::softmax_node::softmax_node;
 
 /// Burn's autodiff float primitive over `I`: a value and its graph node.
 type Tracked<I> = FloatTensor<Autodiff<I>>;
@@ -38,6 +41,8 @@ type Erased = Box<dyn Any + Send>;
 #[derive(Clone, Copy)]
 struct Nodes {
     layer_norm: fn(Erased, Erased, Erased, f64) -> Erased,
+    /// Softmax in f32 over a dim, and its half cast (in the given dtype), sharing one copy.
+    softmax: fn(Erased, usize, DType) -> (Erased, Erased),
     /// The graph node id of a tensor that requires a gradient, `None` for one that does not.
     tracked_id: fn(&dyn Any) -> Option<u64>,
 }
@@ -86,14 +91,19 @@ pub(super) fn cached_cast<B: Backend>(tensor: FloatTensor<B>, dtype: DType) -> F
         return cast;
     }
     let cast = promote::cast::<B>(tensor, dtype);
+    remember(key, Box::new(cast.clone()));
+    cast
+}
+
+/// Keeps `cast` as this scope's cast for `key`, forgetting the oldest beyond the bound.
+fn remember(key: CastKey, cast: Box<dyn Any>) {
     CASTS.with(|casts| {
         let mut casts = casts.borrow_mut();
         if casts.len() == CACHED_CASTS {
             casts.pop_front();
         }
-        casts.push_back((key, Box::new(cast.clone())));
+        casts.push_back((key, cast));
     });
-    cast
 }
 
 /// Forgets this thread's cached casts (its outermost autocast scope ended).
@@ -107,7 +117,8 @@ fn registry() -> &'static RwLock<HashMap<TypeId, Nodes>> {
 }
 
 /// Lets op-level autocast on `Autocast<Autodiff<I>>` run LayerNorm as one autodiff node that
-/// saves only its input, and cast each tracked tensor once per scope (this module's docs).
+/// saves only its input and softmax as one that saves a half copy of its output, and cast each
+/// tracked tensor once per scope (this module's docs).
 /// Without it that backend computes the same values, keeping more for backward. Does nothing
 /// for other backends.
 /// `PrecisionPlugin::new` (and so the Accelerator) calls it; a plain loop on that backend calls
@@ -123,6 +134,7 @@ pub fn record_autocast_nodes<B: AutodiffBackend>() {
             TypeId::of::<FloatTensor<B>>(),
             Nodes {
                 layer_norm: erased_layer_norm::<B::InnerBackend>,
+                softmax: erased_softmax::<B::InnerBackend>,
                 tracked_id: tracked_id::<B::InnerBackend>,
             },
         );
@@ -148,6 +160,27 @@ pub(super) fn layer_norm<B: Backend>(
         .expect("the registry maps a type to its own nodes"))
 }
 
+/// Softmax in f32 as one node keeping a half copy (`half`) of its output, which becomes this
+/// scope's cached cast of the output, when `B`'s float primitive is a registered autodiff one
+/// and `x` is tracked; `Err` gives `x` back otherwise.
+pub(super) fn softmax<B: Backend>(
+    x: FloatTensor<B>,
+    dim: usize,
+    half: DType,
+) -> Result<FloatTensor<B>, FloatTensor<B>> {
+    let Some(nodes) = nodes::<B>().filter(|nodes| (nodes.tracked_id)(&x).is_some()) else {
+        return Err(x);
+    };
+    let (out, cast) = (nodes.softmax)(Box::new(x), dim, half);
+    let out = *out
+        .downcast::<FloatTensor<B>>()
+        .expect("the registry maps a type to its own nodes");
+    if let Some(id) = (nodes.tracked_id)(&out) {
+        remember((TypeId::of::<FloatTensor<B>>(), id, half), cast);
+    }
+    Ok(out)
+}
+
 fn tracked_id<I: Backend>(tensor: &dyn Any) -> Option<u64> {
     let tensor = tensor.downcast_ref::<Tracked<I>>()?;
     tensor.is_tracked().then_some(tensor.node.id.value)
@@ -164,6 +197,14 @@ fn erased_layer_norm<I: Backend>(x: Erased, gamma: Erased, beta: Erased, epsilon
         take(beta),
         epsilon,
     ))
+}
+
+fn erased_softmax<I: Backend>(x: Erased, dim: usize, half: DType) -> (Erased, Erased) {
+    let x: Tracked<I> = *x
+        .downcast()
+        .expect("the registry maps a type to its own nodes");
+    let (out, cast) = softmax_node::<I>(x, dim, half);
+    (Box::new(out), Box::new(cast))
 }
 
 #[cfg(test)]
