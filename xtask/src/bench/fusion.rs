@@ -1,15 +1,14 @@
 //! The fusion suite (`--suite fusion --backend wgpu|cuda`): the same Accelerator training
 //! steps on Burn's fused backend (`Fusion<CubeBackend<R>>`, what `burn::backend::Wgpu` and
 //! `Cuda` are with xtask's `wgpu` and `cuda` features) and on the unfused one (`CubeBackend<R>`), side by
-//! side in one run, under `Autodiff<Autocast<_>>` at 32-true and, where the device has bf16,
-//! bf16-mixed per op. Reports ms per step and the unfused / fused time ratio; writes
+//! side in one run, under `Autodiff<Autocast<_>>` at 32-true and bf16-mixed per op (16-mixed
+//! where the device has no bf16, as lavapipe). Reports ms per step and the unfused / fused time ratio; writes
 //! `bench-results/fusion-<backend>.*`.
 
 use std::fmt::Write as _;
 
 use afterburner::{Autocast, AutocastMode, CheckpointPolicy, Precision};
 use burn::backend::Autodiff;
-use burn::tensor::DType;
 use burn::tensor::backend::Backend;
 use serde::Serialize;
 
@@ -33,12 +32,13 @@ struct Row {
 pub fn bench<Fused: Backend, Unfused: Backend>(o: &Options) -> Result<(), String> {
     let models = Model::selected(o)?;
     let device = Fused::Device::default();
-    let precisions: Vec<Precision> = [Precision::Full32, Precision::Bf16Mixed]
+    let supported = |p: &Precision| Fused::supports_dtype(&device, p.compute_dtype());
+    // 32-true, and one half precision: bf16-mixed, or 16-mixed where the device has no bf16
+    // (lavapipe).
+    let half = [Precision::Bf16Mixed, Precision::F16Mixed]
         .into_iter()
-        .filter(|p| {
-            Fused::supports_dtype(&device, p.compute_dtype()) || p.compute_dtype() == DType::F32
-        })
-        .collect();
+        .find(supported);
+    let precisions: Vec<Precision> = std::iter::once(Precision::Full32).chain(half).collect();
     let total = models.len() * precisions.len() * o.rounds * 2;
     let mut progress = super::progress::Progress::new("fusion", total);
     let mut rows = Vec::new();
@@ -69,9 +69,10 @@ pub fn bench<Fused: Backend, Unfused: Backend>(o: &Options) -> Result<(), String
             });
         }
     }
-    let skipped = match precisions.len() {
-        2 => String::new(),
-        _ => " bf16-mixed is left out: the device has no bf16.".to_string(),
+    let skipped = match half {
+        Some(Precision::Bf16Mixed) => String::new(),
+        Some(_) => " The device has no bf16: 16-mixed instead.".to_string(),
+        None => " The device has neither bf16 nor f16: 32-true only.".to_string(),
     };
     let mut md = format!(
         "Fused vs unfused, backend `{}`, `Autodiff<Autocast<_>>`, {} timed steps after {} \
