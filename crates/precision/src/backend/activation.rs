@@ -1,10 +1,10 @@
 //! `ActivationOps` for [`Autocast`]: every method forwarded to the inner backend, those on two
 //! float tensors (the backward ops, `prelu`) after dtype promotion.
 
+use burn::tensor::Scalar;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::ActivationOps;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Scalar, TensorMetadata};
 
 use super::{Autocast, forward, in_f32, nodes, promote, promoted, scope};
 
@@ -35,13 +35,11 @@ impl<B: Backend> ActivationOps<Self> for Autocast<B> {
     /// copy of its output (`softmax_node.rs`).
     fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
         let tensor = match scope::autocast_dtype() {
-            Some(half) if tensor.dtype() != DType::F64 => {
-                match nodes::softmax::<B>(tensor, dim, half) {
-                    Ok(out) => return out,
-                    Err(tensor) => tensor,
-                }
-            }
-            _ => tensor,
+            Some(half) => match nodes::softmax::<B>(tensor, dim, half) {
+                Ok(out) => return out,
+                Err(tensor) => tensor,
+            },
+            None => tensor,
         };
         B::softmax(scope::to_f32::<B>(tensor), dim)
     }

@@ -23,8 +23,9 @@
 //! `Autodiff` stays outermost, so gradients, checkpointing, collectives and Burn's optimizers
 //! see an ordinary autodiff backend. `Autocast` also works above Autodiff,
 //! `Autocast<Autodiff<B>>`, where Autodiff records its casts as `torch.autocast`'s are
-//! (`autodiff.rs`; docs/precision.md compares the memory of the two). The tensors are `B`'s own (`Autocast<B>` adds no wrapper
-//! around them), so reading and writing data, devices and records are unchanged.
+//! (`autodiff.rs`; docs/precision.md compares the memory of the two). The tensors are `B`'s
+//! own (`Autocast<B>` adds no wrapper around them), so reading and writing data, devices and
+//! records are unchanged.
 //!
 //! Each op trait is implemented in its own file by the [`forward!`] macro, which writes a method
 //! that calls `B`'s method of the same name, plus the few methods written by hand. The lists

@@ -217,7 +217,6 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         beta: Option<FloatTensor<Self>>,
         epsilon: f64,
     ) -> FloatTensor<Self> {
-        // Above Autodiff, one node that saves only its input (`nodes.rs`).
         let (tensor, gamma, beta) = match scope::autocast_dtype() {
             Some(_) => match nodes::layer_norm::<B>(tensor, gamma, beta, epsilon) {
                 Ok(out) => return out,

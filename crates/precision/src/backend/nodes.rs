@@ -24,9 +24,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{OnceLock, PoisonError, RwLock};
 
 use burn::backend::Autodiff;
-use burn::tensor::DType;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, TensorMetadata};
 
 use super::layer_norm_node::layer_norm_node;
 use super::promote;
@@ -143,15 +143,22 @@ pub fn record_autocast_nodes<B: AutodiffBackend>() {
 /// A layer norm's input, gamma and beta.
 pub(super) type NormOperands<B> = (FloatTensor<B>, FloatTensor<B>, Option<FloatTensor<B>>);
 
-/// LayerNorm in f32 as one node, when `B`'s float primitive is a registered autodiff one and
-/// the norm has a bias; `Err` gives the operands back otherwise.
+/// Whether `x` may go through a node that computes in f32: an f64 tensor keeps its width, as
+/// autocast leaves f64 ops alone.
+fn narrows_to_f32<B: Backend>(x: &FloatTensor<B>) -> bool {
+    x.dtype() != DType::F64
+}
+
+/// LayerNorm in f32 as one node, when `B`'s float primitive is a registered autodiff one, the
+/// input is not f64 and the norm has a bias; `Err` gives the operands back otherwise.
 pub(super) fn layer_norm<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: Option<FloatTensor<B>>,
     epsilon: f64,
 ) -> Result<FloatTensor<B>, NormOperands<B>> {
-    let (Some(nodes), Some(beta)) = (nodes::<B>(), beta.clone()) else {
+    let nodes = nodes::<B>().filter(|_| narrows_to_f32::<B>(&x));
+    let (Some(nodes), Some(beta)) = (nodes, beta.clone()) else {
         return Err((x, gamma, beta));
     };
     let out = (nodes.layer_norm)(Box::new(x), Box::new(gamma), Box::new(beta), epsilon);
@@ -162,13 +169,14 @@ pub(super) fn layer_norm<B: Backend>(
 
 /// Softmax in f32 as one node keeping a half copy (`half`) of its output, which becomes this
 /// scope's cached cast of the output, when `B`'s float primitive is a registered autodiff one
-/// and `x` is tracked; `Err` gives `x` back otherwise.
+/// and `x` is tracked and not f64; `Err` gives `x` back otherwise.
 pub(super) fn softmax<B: Backend>(
     x: FloatTensor<B>,
     dim: usize,
     half: DType,
 ) -> Result<FloatTensor<B>, FloatTensor<B>> {
-    let Some(nodes) = nodes::<B>().filter(|nodes| (nodes.tracked_id)(&x).is_some()) else {
+    let tracked = |nodes: &Nodes| (nodes.tracked_id)(&x).is_some() && narrows_to_f32::<B>(&x);
+    let Some(nodes) = nodes::<B>().filter(tracked) else {
         return Err(x);
     };
     let (out, cast) = (nodes.softmax)(Box::new(x), dim, half);
@@ -254,5 +262,23 @@ mod tests {
             );
         });
         assert_eq!(cached(), 0, "the scope's end forgets them");
+    }
+
+    #[test]
+    fn f64_tensors_keep_their_width_and_skip_the_f32_nodes() {
+        record_autocast_nodes::<Above>();
+        let device = Default::default();
+        let x = Tensor::<Above, 2>::ones([2, 4], &device)
+            .cast(DType::F64)
+            .require_grad();
+        let norm = burn::nn::LayerNormConfig::new(4).init::<Above>(&device);
+        let (normed, weights) = autocast_ops(DType::BF16, || {
+            (
+                norm.forward(x.clone()),
+                burn::tensor::activation::softmax(x.clone(), 1),
+            )
+        });
+        assert_eq!(normed.dtype(), DType::F64, "layer norm of an f64 input");
+        assert_eq!(weights.dtype(), DType::F64, "softmax of an f64 input");
     }
 }
