@@ -35,7 +35,7 @@ mod backend;
 use afterburner::demos::models::VitConfig;
 use afterburner::demos::{ImageBatcher, ImageDataset, digits};
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StrategyConfig};
 use backend::{B, device};
 use burn::data::dataset::Dataset;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -78,7 +78,8 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (mut workers, mut epochs, mut batch_size, mut strategy) = (2, 10, 32, Strategy::Ddp);
+    let (mut workers, mut epochs, mut batch_size) = (2, 10, 32);
+    let mut strategy = StrategyConfig::Ddp;
     let mut mpi = false;
     let (mut local_sgd_steps, mut diloco) = (
         8,
@@ -119,18 +120,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Err("--epochs and --batch-size: expected a whole number >= 1".into());
     }
     let (train, test) = digits::load()?.split(0.2, 0);
+    let strategy = match strategy {
+        StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse()?,
+            ..Default::default()
+        }),
+        StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
+            local_sgd_steps,
+            ..Default::default()
+        }),
+        StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(diloco),
+        other => other,
+    };
     let config = AcceleratorConfig {
         strategy,
         devices: workers,
-        fsdp: FsdpConfig {
-            auto_wrap_policy: "TransformerEncoderLayer".parse()?,
-            ..Default::default()
-        },
-        local_sgd: LocalSgdConfig {
-            local_sgd_steps,
-            ..Default::default()
-        },
-        diloco,
         ..Default::default()
     };
     // Flex keeps one RNG per process: build the model once, before the workers start.

@@ -19,7 +19,7 @@ use crate::group::{Group, counted};
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
 use crate::strategy::AnyStrategy;
-use crate::{AccelerateError, AcceleratorConfig, NonFinitePolicy, Strategy};
+use crate::{AccelerateError, AcceleratorConfig, NonFinitePolicy};
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
@@ -70,10 +70,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// Checks the config and the backend's dtype support, and seeds the backend RNG with
     /// `config.seed` (so a model built next is reproducible).
     pub fn new(config: AcceleratorConfig, device: B::Device) -> Result<Self, AccelerateError> {
-        if config.strategy != Strategy::SingleDevice {
+        if config.strategy.is_distributed() {
             return Err(AccelerateError::invalid(
                 "strategy",
-                config.strategy,
+                &config.strategy,
                 "single-device for Accelerator::new; start ddp with Accelerator::launch",
             ));
         }

@@ -1,8 +1,6 @@
 //! The Accelerator's settings, as data (serde) with documented defaults.
 
 use afterburner_checkpoint::CheckpointPolicy;
-use afterburner_localsgd::{DiLoCoConfig, LocalSgdConfig};
-use afterburner_parallel::FsdpConfig;
 pub use afterburner_precision::AutocastMode;
 use afterburner_precision::{GradScalerConfig, Precision};
 use std::fmt;
@@ -11,7 +9,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_with::{DeserializeFromStr, SerializeDisplay};
 
-use crate::AccelerateError;
+use crate::{AccelerateError, StrategyConfig};
 
 /// How the [`Accelerator`](crate::Accelerator) trains. Loadable from TOML/JSON; missing fields
 /// take the defaults below (Lightning's / Accelerate's where they have one).
@@ -40,25 +38,16 @@ pub struct AcceleratorConfig {
     /// (default), `true` / "all", `"every-<k>"`, "selective", or "balanced" (Burn's
     /// `BalancedCheckpointing` backend, which the backend type must then be).
     pub gradient_checkpointing: CheckpointPolicy,
-    /// How training is spread over devices: "single-device" (default), "ddp" (one replica
-    /// per device, gradients averaged each optimizer step), "zero-1" (ddp with the optimizer
-    /// state split across ranks) or "fsdp" (parameters, gradients and optimizer state split,
-    /// see the `fsdp` table); the multi-device ones run through
-    /// [`Accelerator::launch`](crate::Accelerator::launch).
-    pub strategy: Strategy,
+    /// How training is spread over devices, with the strategy's options: a name (default
+    /// "single-device"; the others are [`StrategyConfig`]'s, or a registered strategy's) or a
+    /// table of options under the name (`[strategy.fsdp]`, `[strategy.diloco]`). The multi-device ones run through
+    /// [`Accelerator::launch`](crate::Accelerator::launch) or
+    /// [`run`](crate::Accelerator::run).
+    pub strategy: StrategyConfig,
     /// Devices (worker threads) [`Accelerator::run`](crate::Accelerator::run) starts, like
     /// Lightning's `devices=N`: the first N devices of the backend's default kind; on the CPU
     /// the workers share it. Default 1. More than 1 needs a multi-device `strategy`.
     pub devices: usize,
-    /// Options of `strategy = "fsdp"`, the `[fsdp]` table (Accelerate's `fsdp_config`):
-    /// `sharding_strategy`, `auto_wrap_policy`, `state_dict_type` (see [`FsdpConfig`]).
-    pub fsdp: FsdpConfig,
-    /// Options of `strategy = "local-sgd"`, the `[local_sgd]` table: `local_sgd_steps`
-    /// (default 8; see [`LocalSgdConfig`]).
-    pub local_sgd: LocalSgdConfig,
-    /// Options of `strategy = "diloco"`, the `[diloco]` table: `sync_every` (500),
-    /// `outer_lr` (0.7), `outer_momentum` (0.9), `nesterov` (true); see [`DiLoCoConfig`].
-    pub diloco: DiLoCoConfig,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
     /// What a step whose gradients hold inf or NaN does outside fp16 (whose loss scaler always
@@ -140,69 +129,6 @@ impl FromStr for NonFinitePolicy {
     }
 }
 
-/// How training is spread over devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
-pub enum Strategy {
-    /// One device, no collectives.
-    #[default]
-    SingleDevice,
-    /// Distributed data parallel: a whole replica per device, gradients all-reduced (mean)
-    /// once per optimizer step, rank 0's parameters broadcast at setup.
-    Ddp,
-    /// ZeRO stage 1: `Ddp`, and each rank keeps optimizer state only for the parameters it
-    /// owns (about `1 / world_size` of them); owners share new values after each step.
-    Zero1,
-    /// Fully sharded data parallel: each rank keeps `1 / world_size` of every parameter, its
-    /// gradient and its optimizer state; units are gathered for each forward pass.
-    Fsdp,
-    /// Local SGD: ranks step alone and average their parameters every `local_sgd_steps`
-    /// optimizer steps.
-    LocalSgd,
-    /// DiLoCo: ranks step alone; every `sync_every` steps an outer Nesterov step on the
-    /// averaged parameter change.
-    DiLoCo,
-}
-
-impl Strategy {
-    /// Whether the strategy runs on several ranks.
-    pub fn is_distributed(&self) -> bool {
-        !matches!(self, Self::SingleDevice)
-    }
-}
-
-impl fmt::Display for Strategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::SingleDevice => "single-device",
-            Self::Ddp => "ddp",
-            Self::Zero1 => "zero-1",
-            Self::Fsdp => "fsdp",
-            Self::LocalSgd => "local-sgd",
-            Self::DiLoCo => "diloco",
-        })
-    }
-}
-
-impl FromStr for Strategy {
-    type Err = AccelerateError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "single-device" | "single_device" | "single" => Ok(Self::SingleDevice),
-            "ddp" => Ok(Self::Ddp),
-            "zero-1" | "zero1" => Ok(Self::Zero1),
-            "fsdp" => Ok(Self::Fsdp),
-            "local-sgd" | "local_sgd" | "localsgd" => Ok(Self::LocalSgd),
-            "diloco" => Ok(Self::DiLoCo),
-            _ => Err(AccelerateError::invalid(
-                "strategy",
-                s,
-                "one of: single-device, ddp, zero-1, fsdp, local-sgd, diloco",
-            )),
-        }
-    }
-}
-
 /// The longest `collective_timeout_s` accepted: one week.
 const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 
@@ -216,11 +142,8 @@ impl Default for AcceleratorConfig {
             seed: 42,
             grad_scaler: GradScalerConfig::default(),
             gradient_checkpointing: CheckpointPolicy::None,
-            strategy: Strategy::SingleDevice,
+            strategy: StrategyConfig::SingleDevice,
             devices: 1,
-            fsdp: FsdpConfig::default(),
-            local_sgd: LocalSgdConfig::default(),
-            diloco: DiLoCoConfig::default(),
             collective_timeout_s: 300.0,
             nonfinite_gradients: NonFinitePolicy::Skip,
             project: ProjectConfig::default(),
@@ -237,12 +160,10 @@ impl AcceleratorConfig {
             return Err(AccelerateError::invalid(
                 "devices",
                 self.devices,
-                "1 under strategy single-device (set strategy to ddp, zero-1, fsdp, local-sgd or diloco)",
+                "1 under strategy single-device (set a multi-device strategy, see StrategyConfig)",
             ));
         }
-        self.local_sgd.validate()?;
-        self.diloco.validate()?;
-        Ok(())
+        self.strategy.validate()
     }
 
     /// Checks every field but the built-in strategies' (`strategy` and its tables), for an

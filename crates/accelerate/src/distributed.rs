@@ -28,8 +28,8 @@ impl<B: AutodiffBackend> Accelerator<B> {
         if !config.strategy.is_distributed() {
             return Err(AccelerateError::invalid(
                 "strategy",
-                config.strategy,
-                "ddp, zero-1, fsdp, local-sgd or diloco for a multi-device run",
+                &config.strategy,
+                "a multi-device strategy for a multi-device run (see StrategyConfig)",
             ));
         }
         Self::build(config, device, Some(group))

@@ -50,6 +50,7 @@ mod state_files;
 mod state_source;
 mod stop;
 mod strategy;
+mod suggest;
 pub mod trainer;
 pub mod weights;
 
@@ -58,16 +59,16 @@ pub use afterburner_checkpoint as checkpoint;
 pub use afterburner_checkpoint::{CheckpointPolicy, Checkpointed};
 pub use afterburner_localsgd as localsgd;
 pub use afterburner_parallel as parallel;
-#[doc(hidden)]
-pub use afterburner_parallel::TrainingStrategy;
 pub use afterburner_parallel::rng;
 pub use afterburner_parallel::{
     AutoWrapPolicy, FsdpConfig, ParallelStrategy, ShardingStrategy, StateDictType,
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::{Autocast, Precision};
-pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig, Strategy};
+pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
 pub use error::AccelerateError;
 pub use group::Group;
 pub use parts::{StateParts, Stateful};
-pub use strategy::AnyStrategy;
+pub use strategy::{
+    AnyStrategy, NamedStrategy, NoStrategy, RegisteredConfig, StrategyConfig, register_strategy,
+};

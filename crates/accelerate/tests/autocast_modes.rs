@@ -165,7 +165,7 @@ fn checkpointed_blocks_recompute_under_the_forwards_autocast_policy() {
 /// The full parameters after one epoch of 96 digits of the tiny ViT under bf16-mixed per op,
 /// on `world` in-process ranks with `strategy`, checkpointing every block when `checkpoint`.
 fn train_per_op<B: AutodiffBackend>(
-    strategy: afterburner::Strategy,
+    strategy: &'static str,
     checkpoint: bool,
     world: usize,
 ) -> Vec<f32> {
@@ -176,16 +176,20 @@ fn train_per_op<B: AutodiffBackend>(
     let config = AcceleratorConfig {
         precision: "bf16-mixed".parse().unwrap(),
         autocast: AutocastMode::Op,
-        strategy,
+        strategy: match strategy.parse().unwrap() {
+            afterburner::StrategyConfig::Fsdp(_) => {
+                afterburner::StrategyConfig::Fsdp(afterburner::FsdpConfig {
+                    auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+                    ..Default::default()
+                })
+            }
+            other => other,
+        },
         gradient_checkpointing: match checkpoint {
             true => afterburner::CheckpointPolicy::All,
             false => afterburner::CheckpointPolicy::None,
         },
         gradient_accumulation_steps: 2,
-        fsdp: afterburner::FsdpConfig {
-            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-            ..Default::default()
-        },
         ..Default::default()
     };
     let ranks = Accelerator::<B>::launch(config, vec![device.clone(); world], move |mut acc| {
@@ -213,10 +217,9 @@ fn train_per_op<B: AutodiffBackend>(
 
 #[test]
 fn fsdp_with_checkpointing_equals_ddp_under_per_op_autocast() {
-    use afterburner::Strategy::{Ddp, Fsdp};
     let _rng = common::rng_lock();
-    let ddp = train_per_op::<B>(Ddp, false, 2);
-    let fsdp = train_per_op::<B>(Fsdp, true, 2);
+    let ddp = train_per_op::<B>("ddp", false, 2);
+    let fsdp = train_per_op::<B>("fsdp", true, 2);
     let err = common::max_rel(&fsdp, &ddp, 1e-3);
     println!("bf16-mixed per op: fsdp x2 + checkpointing vs ddp x2, max relative {err:e}");
     assert!(err <= 1e-5, "{err}");
@@ -248,7 +251,6 @@ fn values_of<B: Backend, M: Module<B>>(model: &M) -> (Vec<f32>, Vec<DType>) {
 #[test]
 fn recorded_casts_checkpoint_and_shard_as_casts_below_autodiff() {
     use afterburner::CheckpointPolicy::{All, None as Off};
-    use afterburner::Strategy::{Ddp, Fsdp};
     type Recorded = Autocast<Autodiff<Flex>>;
     let _rng = common::rng_lock();
     let off = vit_grads::<Recorded>(Off, |acc, loss| acc.raw_backward(loss));
@@ -262,8 +264,8 @@ fn recorded_casts_checkpoint_and_shard_as_casts_below_autodiff() {
     let err = rel_l2(&off.0, &below.0);
     println!("bf16-mixed per op: recorded casts vs casts below Autodiff, gradients {err:.2e}");
     assert!(err < 2e-2, "{err}");
-    let ddp = train_per_op::<Recorded>(Ddp, false, 2);
-    let fsdp = train_per_op::<Recorded>(Fsdp, true, 2);
+    let ddp = train_per_op::<Recorded>("ddp", false, 2);
+    let fsdp = train_per_op::<Recorded>("fsdp", true, 2);
     let err = common::max_rel(&fsdp, &ddp, 1e-3);
     println!("recorded casts: fsdp x2 + checkpointing vs ddp x2, max relative {err:e}");
     assert!(err <= 1e-5, "{err}");

@@ -10,7 +10,7 @@ use std::sync::{Arc, mpsc};
 use afterburner::data::DataLoaderShard;
 use afterburner::demos::{ImageBatch, digits};
 use afterburner::parallel::DistributedSampler;
-use afterburner::{Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{Accelerator, AcceleratorConfig, StrategyConfig};
 use burn::backend::Flex;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::{Dataset, InMemDataset};
@@ -204,7 +204,7 @@ fn resume_at_a_batch_with_prefetch() {
 fn sharding_covers_every_item_once_plus_padding_across_ranks() {
     let _rng = rng_lock();
     let config = AcceleratorConfig {
-        strategy: Strategy::Ddp,
+        strategy: StrategyConfig::Ddp,
         seed: 5,
         ..Default::default()
     };

@@ -11,18 +11,20 @@ use std::sync::Arc;
 use afterburner::demos::digits;
 use afterburner::localsgd::DiLoCoConfig;
 use afterburner::parallel::{Lighthouse, QuorumConfig, ReplicaRun, fail_and_restart};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use burn::optim::AdamWConfig;
 use common::*;
 
 const STEPS: u64 = 12;
 
-fn config(strategy: Strategy) -> AcceleratorConfig {
+fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy,
-        diloco: DiLoCoConfig {
-            sync_every: 3,
-            ..Default::default()
+        strategy: match strategy.parse().unwrap() {
+            StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(DiLoCoConfig {
+                sync_every: 3,
+                ..Default::default()
+            }),
+            other => other,
         },
         ..Default::default()
     }
@@ -43,7 +45,7 @@ fn replica(lighthouse: &Arc<Lighthouse>, run: &ReplicaRun) -> Result<Record, Acc
     let device = Default::default();
     let group = lighthouse.replica(id, &device)?;
     run.connected();
-    let mut acc = Accelerator::<B>::with_group(config(Strategy::DiLoCo), device, Box::new(group))?;
+    let mut acc = Accelerator::<B>::with_group(config("diloco"), device, Box::new(group))?;
     let (mut model, mut optim) = acc.join(vit(8), AdamWConfig::new().init())?;
     let start = acc.counters().optimizer_steps;
     let mut record = Record {
@@ -100,8 +102,7 @@ fn ddp_over_a_quorum_group_is_refused() {
     let lighthouse = Lighthouse::new(QuorumConfig::new(1)).unwrap();
     let group = lighthouse.replica(0, &Default::default()).unwrap();
     let mut acc =
-        Accelerator::<B>::with_group(config(Strategy::Ddp), Default::default(), Box::new(group))
-            .unwrap();
+        Accelerator::<B>::with_group(config("ddp"), Default::default(), Box::new(group)).unwrap();
     let error = acc
         .join(vit(8), AdamWConfig::new().init())
         .err()

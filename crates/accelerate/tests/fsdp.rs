@@ -8,21 +8,28 @@ use afterburner::demos::digits;
 use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, FsdpConfig,
-    Precision, ShardingStrategy, StateDictType, Strategy,
+    Precision, ShardingStrategy, StateDictType, StrategyConfig,
 };
 use burn::module::Module;
 use burn::optim::AdamWConfig;
 use common::*;
 
-fn config(strategy: Strategy) -> AcceleratorConfig {
+/// FSDP with the transformer layers as units.
+fn layers() -> FsdpConfig {
+    FsdpConfig {
+        auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+        ..Default::default()
+    }
+}
+
+fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy,
+        strategy: match strategy.parse().unwrap() {
+            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(layers()),
+            other => other,
+        },
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(0.5),
-        fsdp: FsdpConfig {
-            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-            ..Default::default()
-        },
         ..Default::default()
     }
 }
@@ -62,8 +69,8 @@ fn fsdp_equals_ddp_at_two_and_four_workers_with_1_over_n_of_the_parameters() {
     let _rng = rng_lock();
     let total = flatten(&params(&vit(8))).len();
     for world in [2, 4] {
-        let ddp = train(config(Strategy::Ddp), world);
-        let fsdp = train(config(Strategy::Fsdp), world);
+        let ddp = train(config("ddp"), world);
+        let fsdp = train(config("fsdp"), world);
         assert!(
             fsdp.iter().all(|r| r.0 == fsdp[0].0),
             "every rank gathers the same model"
@@ -101,11 +108,11 @@ fn grad_op_bf16_and_checkpointing_compose() {
         precision: Precision::Bf16Mixed,
         ..config(strategy)
     };
-    let ddp = train(mixed(Strategy::Ddp), 2);
+    let ddp = train(mixed("ddp"), 2);
     let fsdp = train(
         AcceleratorConfig {
             gradient_checkpointing: CheckpointPolicy::All,
-            ..mixed(Strategy::Fsdp)
+            ..mixed("fsdp")
         },
         2,
     );
@@ -123,12 +130,12 @@ fn grad_op_bf16_and_checkpointing_compose() {
     );
     let grad_op = train(
         AcceleratorConfig {
-            fsdp: FsdpConfig {
+            strategy: StrategyConfig::Fsdp(FsdpConfig {
                 sharding_strategy: ShardingStrategy::GradOp,
                 auto_wrap_policy: AutoWrapPolicy::Size(5000),
                 ..Default::default()
-            },
-            ..mixed(Strategy::Fsdp)
+            }),
+            ..mixed("fsdp")
         },
         2,
     );
@@ -148,7 +155,7 @@ fn a_rank_failing_mid_step_stops_every_rank() {
     let result = Accelerator::<B>::launch(
         AcceleratorConfig {
             collective_timeout_s: 5.0,
-            ..config(Strategy::Fsdp)
+            ..config("fsdp")
         },
         vec![Default::default(); 2],
         move |mut acc| {
@@ -175,41 +182,45 @@ fn a_rank_failing_mid_step_stops_every_rank() {
 
 #[test]
 fn fsdp_settings_parse_and_name_typos() {
-    // Accelerate's `fsdp_config` section as a nested table.
+    // Accelerate's `fsdp_config` section as the strategy's table.
     let c: AcceleratorConfig = serde_json::from_str(
-        r#"{"strategy": "fsdp", "fsdp": {"sharding_strategy": "SHARD_GRAD_OP",
-            "auto_wrap_policy": "size:1000"}}"#,
+        r#"{"strategy": {"fsdp": {"sharding_strategy": "SHARD_GRAD_OP",
+            "auto_wrap_policy": "size:1000"}}}"#,
     )
     .unwrap();
-    assert_eq!(c.strategy, Strategy::Fsdp);
-    assert_eq!(c.fsdp.sharding_strategy, ShardingStrategy::GradOp);
-    assert_eq!(c.fsdp.auto_wrap_policy, AutoWrapPolicy::Size(1000));
-    assert_eq!(c.fsdp.state_dict_type, StateDictType::Sharded);
+    let StrategyConfig::Fsdp(fsdp) = c.strategy else {
+        panic!("{:?}", c.strategy)
+    };
+    assert_eq!(fsdp.sharding_strategy, ShardingStrategy::GradOp);
+    assert_eq!(fsdp.auto_wrap_policy, AutoWrapPolicy::Size(1000));
+    assert_eq!(fsdp.state_dict_type, StateDictType::Sharded);
     let c: AcceleratorConfig =
-        serde_json::from_str(r#"{"fsdp": {"state_dict_type": "FULL_STATE_DICT"}}"#).unwrap();
-    assert_eq!(c.fsdp.state_dict_type, StateDictType::Full);
+        toml::from_str("[strategy.fsdp]\nstate_dict_type = \"FULL_STATE_DICT\"").unwrap();
+    assert!(
+        matches!(c.strategy, StrategyConfig::Fsdp(f) if f.state_dict_type == StateDictType::Full)
+    );
     // Errors name the full key and the allowed values.
     let parse_err = |json: &str| {
         serde_json::from_str::<AcceleratorConfig>(json)
             .unwrap_err()
             .to_string()
     };
-    let err = parse_err(r#"{"fsdp": {"state_dict_type": "half"}}"#);
+    let err = parse_err(r#"{"strategy": {"fsdp": {"state_dict_type": "half"}}}"#);
     assert!(
         err.contains("fsdp.state_dict_type")
             && err.contains("half")
             && err.contains("FULL_STATE_DICT"),
         "{err}"
     );
-    let err = parse_err(r#"{"fsdp": {"sharding_strategy": "half"}}"#);
+    let err = parse_err(r#"{"strategy": {"fsdp": {"sharding_strategy": "half"}}}"#);
     assert!(
         err.contains("fsdp.sharding_strategy") && err.contains("grad-op"),
         "{err}"
     );
-    let err = parse_err(r#"{"fsdp": {"auto_wrap_policy": "size:0"}}"#);
+    let err = parse_err(r#"{"strategy": {"fsdp": {"auto_wrap_policy": "size:0"}}}"#);
     assert!(err.contains("fsdp.auto_wrap_policy"), "{err}");
     // Unknown keys inside the table are errors, naming the key.
-    let err = parse_err(r#"{"fsdp": {"sharding": "full"}}"#);
+    let err = parse_err(r#"{"strategy": {"fsdp": {"sharding": "full"}}}"#);
     assert!(
         err.contains("sharding") && err.contains("sharding_strategy"),
         "{err}"
@@ -237,7 +248,7 @@ fn epochs<O: burn::optim::Optimizer<Vit<B>, B>>(
 
 /// Per rank, the full parameters after two epochs of 48 digits (3 steps each) under
 /// `strategy`: straight through, or saved after epoch 0 and resumed by new Accelerators.
-fn two_epochs(strategy: Strategy, dir: Option<std::path::PathBuf>) -> Vec<Vec<f32>> {
+fn two_epochs(strategy: &'static str, dir: Option<std::path::PathBuf>) -> Vec<Vec<f32>> {
     let initial = vit(8);
     let devices = vec![Default::default(); 2];
     let first = dir.clone();
@@ -266,7 +277,7 @@ fn two_epochs(strategy: Strategy, dir: Option<std::path::PathBuf>) -> Vec<Vec<f3
 #[test]
 fn sharded_states_resume_exactly_at_their_world_size_and_load_at_another() {
     let _rng = rng_lock();
-    for strategy in [Strategy::Fsdp, Strategy::Zero1] {
+    for strategy in ["fsdp", "zero-1"] {
         let dir = std::env::temp_dir().join(format!(
             "afterburner-sharded-{strategy}-{}",
             std::process::id()
@@ -331,10 +342,8 @@ fn sharded_states_resume_exactly_at_their_world_size_and_load_at_another() {
 fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
     let _rng = rng_lock();
     let initial = vit(8);
-    let errors = Accelerator::<B>::launch(
-        config(Strategy::Fsdp),
-        vec![Default::default(); 2],
-        move |acc| {
+    let errors =
+        Accelerator::<B>::launch(config("fsdp"), vec![Default::default(); 2], move |acc| {
             let _sharded = acc.setup_model(initial.clone())?;
             let items = digits::load()?.take(16);
             let batch = acc.dataloader(items, BATCHER, 8)?.epoch(0).next().unwrap();
@@ -347,9 +356,8 @@ fn a_model_not_from_setup_is_a_named_error_not_a_panic() {
                 .forward(&full, batch.images.clone(), |m, x| m.forward(x))
                 .expect_err("forward on a model FSDP did not shard must fail");
             Ok(err.to_string())
-        },
-    )
-    .unwrap();
+        })
+        .unwrap();
     for e in errors {
         assert!(e.contains("not the one FSDP sharded"), "{e}");
     }
@@ -403,11 +411,11 @@ fn a_full_state_resumes_at_any_world_size_and_without_fsdp() {
     let dir = std::env::temp_dir().join(format!("afterburner-full-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let full = AcceleratorConfig {
-        fsdp: FsdpConfig {
+        strategy: StrategyConfig::Fsdp(FsdpConfig {
             state_dict_type: StateDictType::Full,
-            ..config(Strategy::Fsdp).fsdp
-        },
-        ..config(Strategy::Fsdp)
+            ..layers()
+        }),
+        ..config("fsdp")
     };
     let straight = phase(full.clone(), 2, 8, None, None, 0..2);
     let saved = phase(full.clone(), 2, 8, None, Some(dir.clone()), 0..1);
@@ -429,7 +437,7 @@ fn a_full_state_resumes_at_any_world_size_and_without_fsdp() {
     );
     phase(full, 4, 9, Some(dir.clone()), None, 1..2);
     // DDP (no FSDP) loads it as an ordinary state and ends where FSDP did.
-    let ddp = phase(config(Strategy::Ddp), 2, 9, Some(dir.clone()), None, 1..2);
+    let ddp = phase(config("ddp"), 2, 9, Some(dir.clone()), None, 1..2);
     let err = max_rel(&ddp[0], &straight[0], 1e-3);
     println!("full state, resumed by ddp vs fsdp straight: {err:e}");
     assert!(err <= 1e-5, "{err}");

@@ -10,24 +10,31 @@ use std::path::PathBuf;
 use afterburner::demos::digits;
 use afterburner::demos::models::Vit;
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use burn::optim::{AdamWConfig, Optimizer, SgdConfig};
 use common::*;
 
 /// Per rank: the full parameters after every optimizer step, and the syncs counted.
 type Trace = Vec<(Vec<Vec<f32>>, u64)>;
 
-fn config(strategy: Strategy) -> AcceleratorConfig {
+fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy,
-        local_sgd: LocalSgdConfig {
-            local_sgd_steps: 3,
-            ..Default::default()
+        strategy: match strategy.parse().unwrap() {
+            StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
+                local_sgd_steps: 3,
+                ..Default::default()
+            }),
+            StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(diloco_every_3()),
+            other => other,
         },
-        diloco: DiLoCoConfig {
-            sync_every: 3,
-            ..Default::default()
-        },
+        ..Default::default()
+    }
+}
+
+/// DiLoCo with an outer step every 3 inner steps.
+fn diloco_every_3() -> DiLoCoConfig {
+    DiLoCoConfig {
+        sync_every: 3,
         ..Default::default()
     }
 }
@@ -63,14 +70,14 @@ fn trace(config: AcceleratorConfig, steps: u64) -> Trace {
 #[test]
 fn local_sgd_with_k_1_trains_like_ddp() {
     let _rng = rng_lock();
-    let ddp = trace(config(Strategy::Ddp), 6);
+    let ddp = trace(config("ddp"), 6);
     let local = trace(
         AcceleratorConfig {
-            local_sgd: LocalSgdConfig {
+            strategy: StrategyConfig::LocalSgd(LocalSgdConfig {
                 local_sgd_steps: 1,
                 ..Default::default()
-            },
-            ..config(Strategy::LocalSgd)
+            }),
+            ..config("local-sgd")
         },
         6,
     );
@@ -85,7 +92,7 @@ fn local_sgd_with_k_1_trains_like_ddp() {
 #[test]
 fn local_sgd_replicas_meet_at_every_average_and_differ_between() {
     let _rng = rng_lock();
-    let ranks = trace(config(Strategy::LocalSgd), 7);
+    let ranks = trace(config("local-sgd"), 7);
     let (a, b) = (&ranks[0].0, &ranks[1].0);
     for step in 1..=7 {
         let equal = a[step - 1] == b[step - 1];
@@ -101,7 +108,7 @@ fn local_sgd_replicas_meet_at_every_average_and_differ_between() {
 #[test]
 fn finish_syncs_a_period_cut_short() {
     let _rng = rng_lock();
-    for strategy in [Strategy::LocalSgd, Strategy::DiLoCo] {
+    for strategy in ["local-sgd", "diloco"] {
         let initial = vit(8);
         let ranks = Accelerator::<B>::launch(
             config(strategy),
@@ -133,17 +140,17 @@ fn finish_syncs_a_period_cut_short() {
 #[test]
 fn diloco_with_outer_lr_1_and_no_momentum_is_local_sgd() {
     let _rng = rng_lock();
-    let local = trace(config(Strategy::LocalSgd), 6);
+    let local = trace(config("local-sgd"), 6);
     let diloco = trace(
         AcceleratorConfig {
-            diloco: DiLoCoConfig {
+            strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
                 sync_every: 3,
                 outer_lr: 1.0,
                 outer_momentum: 0.0,
                 nesterov: false,
                 ..Default::default()
-            },
-            ..config(Strategy::DiLoCo)
+            }),
+            ..config("diloco")
         },
         6,
     );
@@ -157,7 +164,7 @@ fn diloco_with_outer_lr_1_and_no_momentum_is_local_sgd() {
     }
     assert_eq!(diloco[0].1, 2);
     // With the paper's outer optimizer (lr 0.7, Nesterov 0.9) the trajectory differs.
-    let nesterov = trace(config(Strategy::DiLoCo), 6);
+    let nesterov = trace(config("diloco"), 6);
     assert_ne!(nesterov[0].0.last(), local[0].0.last());
 }
 
@@ -192,8 +199,8 @@ fn diloco_seven_steps(diloco: DiLoCoConfig, dir: Option<PathBuf>) -> Vec<Vec<f32
         let initial = vit(seed);
         Accelerator::<B>::launch(
             AcceleratorConfig {
-                diloco: diloco.clone(),
-                ..config(Strategy::DiLoCo)
+                strategy: StrategyConfig::DiLoCo(diloco.clone()),
+                ..config("diloco")
             },
             vec![Default::default(); 2],
             move |mut acc| -> Result<Vec<f32>, AccelerateError> {
@@ -247,11 +254,11 @@ fn optimizer_states(average: bool) -> Vec<Vec<serde_json::Value>> {
     use burn::record::{FullPrecisionSettings, Record};
     let initial = vit(8);
     let config = AcceleratorConfig {
-        local_sgd: LocalSgdConfig {
+        strategy: StrategyConfig::LocalSgd(LocalSgdConfig {
             local_sgd_steps: 3,
             average_optimizer_state: average,
-        },
-        ..config(Strategy::LocalSgd)
+        }),
+        ..config("local-sgd")
     };
     Accelerator::<B>::launch(config, vec![Default::default(); 2], move |mut acc| {
         let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
@@ -293,13 +300,13 @@ fn local_sgd_can_average_the_optimizer_state_too() {
 fn streaming_fragments_can_be_whole_blocks() {
     let _rng = rng_lock();
     let blocks = |units: &str| AcceleratorConfig {
-        diloco: DiLoCoConfig {
+        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
             sync_every: 2,
             fragments: 2,
             fragment_units: units.parse().unwrap(),
             ..Default::default()
-        },
-        ..config(Strategy::DiLoCo)
+        }),
+        ..config("diloco")
     };
     let (sent, values) = bytes_in_six_steps(blocks("TransformerEncoderLayer"));
     let votes = 6 * 4;
@@ -323,7 +330,7 @@ fn traffic_counts_the_bytes_each_strategy_sends() {
     let _rng = rng_lock();
     // DDP: every step's gradients (f32), plus a few values a step (one per parameter tensor
     // for the clipping norm).
-    let (ddp, values) = bytes_in_six_steps(config(Strategy::Ddp));
+    let (ddp, values) = bytes_in_six_steps(config("ddp"));
     assert!(
         ddp >= 6 * 4 * values && ddp < 6 * 4 * (values + 64),
         "{ddp}"
@@ -331,18 +338,18 @@ fn traffic_counts_the_bytes_each_strategy_sends() {
     // Local SGD K = 3 and DiLoCo H = 3: the parameters twice, and each step the ranks'
     // one-value vote on skipping a non-finite step.
     let votes = 6 * 4;
-    let (local, _) = bytes_in_six_steps(config(Strategy::LocalSgd));
+    let (local, _) = bytes_in_six_steps(config("local-sgd"));
     assert_eq!(local, 2 * 4 * values + votes);
-    let (diloco, _) = bytes_in_six_steps(config(Strategy::DiLoCo));
+    let (diloco, _) = bytes_in_six_steps(config("diloco"));
     assert_eq!(diloco, 2 * 4 * values + votes);
     // bf16 outer gradients: half.
     let half = AcceleratorConfig {
-        diloco: DiLoCoConfig {
+        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
             sync_every: 3,
             outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
             ..Default::default()
-        },
-        ..config(Strategy::DiLoCo)
+        }),
+        ..config("diloco")
     };
     assert_eq!(bytes_in_six_steps(half).0, 2 * 2 * values + votes);
 }
@@ -350,7 +357,7 @@ fn traffic_counts_the_bytes_each_strategy_sends() {
 #[test]
 fn diloco_saved_mid_round_resumes_bitwise() {
     // H = 3: saved at step 4, mid-round.
-    resumes_bitwise(config(Strategy::DiLoCo).diloco, "diloco");
+    resumes_bitwise(diloco_every_3(), "diloco");
 }
 
 #[test]
@@ -386,22 +393,21 @@ fn resumes_bitwise(diloco: DiLoCoConfig, name: &str) {
 
 #[test]
 fn local_sgd_settings_parse_and_name_bad_values() {
-    let c: AcceleratorConfig = serde_json::from_str(
-        r#"{"strategy": "diloco", "diloco": {"sync_every": 50, "outer_lr": 0.5}}"#,
-    )
-    .unwrap();
-    assert_eq!(c.strategy, Strategy::DiLoCo);
-    assert_eq!((c.diloco.sync_every, c.diloco.outer_momentum), (50, 0.9));
     let c: AcceleratorConfig =
-        serde_json::from_str(r#"{"strategy": "local-sgd", "local_sgd": {"local_sgd_steps": 4}}"#)
+        serde_json::from_str(r#"{"strategy": {"diloco": {"sync_every": 50, "outer_lr": 0.5}}}"#)
             .unwrap();
-    assert_eq!(c.local_sgd.local_sgd_steps, 4);
+    let StrategyConfig::DiLoCo(diloco) = &c.strategy else {
+        panic!("{:?}", c.strategy)
+    };
+    assert_eq!((diloco.sync_every, diloco.outer_momentum), (50, 0.9));
+    let c: AcceleratorConfig = toml::from_str("[strategy.local-sgd]\nlocal_sgd_steps = 4").unwrap();
+    assert!(matches!(c.strategy, StrategyConfig::LocalSgd(l) if l.local_sgd_steps == 4));
     let bad = AcceleratorConfig {
-        local_sgd: LocalSgdConfig {
+        strategy: StrategyConfig::LocalSgd(LocalSgdConfig {
             local_sgd_steps: 0,
             ..Default::default()
-        },
-        ..config(Strategy::LocalSgd)
+        }),
+        ..config("local-sgd")
     };
     let err = bad.validate().unwrap_err().to_string();
     assert!(err.contains("local_sgd.local_sgd_steps"), "{err}");
@@ -430,7 +436,7 @@ fn diloco_continues_a_local_sgd_save_from_the_loaded_weights() {
     let initial = vit(8);
     let target = dir.clone();
     Accelerator::<B>::launch(
-        config(Strategy::LocalSgd),
+        config("local-sgd"),
         vec![Default::default(); 2],
         move |mut acc| {
             let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
@@ -446,16 +452,16 @@ fn diloco_continues_a_local_sgd_save_from_the_loaded_weights() {
     .unwrap();
     // Continued by Local SGD (its average count restored) and by DiLoCo with outer lr 1 and
     // no momentum: the same step 6 only if DiLoCo's global copy is the loaded model.
-    let (local, local_syncs) = continue_to_six(config(Strategy::LocalSgd), dir.clone());
+    let (local, local_syncs) = continue_to_six(config("local-sgd"), dir.clone());
     let plain_diloco = AcceleratorConfig {
-        diloco: DiLoCoConfig {
+        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
             sync_every: 3,
             outer_lr: 1.0,
             outer_momentum: 0.0,
             nesterov: false,
             ..Default::default()
-        },
-        ..config(Strategy::DiLoCo)
+        }),
+        ..config("diloco")
     };
     let (diloco, _) = continue_to_six(plain_diloco, dir.clone());
     assert_eq!(

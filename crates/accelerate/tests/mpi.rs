@@ -10,33 +10,36 @@ mod common;
 
 use std::time::Duration;
 
+use afterburner::localsgd::LocalSgdConfig;
 use afterburner::parallel::run_on_loopback;
-use afterburner::{Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Strategy};
+use afterburner::{Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, StrategyConfig};
 use common::*;
 
 const TEST: &str = "two_processes_train_like_one_device_under_ddp_and_fsdp";
 
-fn config(strategy: Strategy) -> AcceleratorConfig {
+fn config(strategy: &str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy,
+        strategy: match strategy.parse().unwrap() {
+            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+                ..Default::default()
+            }),
+            StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
+                local_sgd_steps: 1,
+                ..Default::default()
+            }),
+            other => other,
+        },
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(1.0),
-        fsdp: FsdpConfig {
-            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-            ..Default::default()
-        },
         ..Default::default()
     }
 }
 
 /// Local SGD clips each rank's own gradients: equal to one device only without clipping.
-fn unclipped(strategy: Strategy) -> AcceleratorConfig {
+fn unclipped(strategy: &str) -> AcceleratorConfig {
     AcceleratorConfig {
         max_grad_norm: None,
-        local_sgd: afterburner::localsgd::LocalSgdConfig {
-            local_sgd_steps: 1,
-            ..Default::default()
-        },
         ..config(strategy)
     }
 }
@@ -45,14 +48,14 @@ fn unclipped(strategy: Strategy) -> AcceleratorConfig {
 fn streaming() -> AcceleratorConfig {
     AcceleratorConfig {
         max_grad_norm: None,
-        diloco: afterburner::localsgd::DiLoCoConfig {
+        strategy: StrategyConfig::DiLoCo(afterburner::localsgd::DiLoCoConfig {
             sync_every: 2,
             delay: 1,
             mixing: Some(0.5),
             outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
             ..Default::default()
-        },
-        ..config(Strategy::DiLoCo)
+        }),
+        ..config("diloco")
     }
 }
 
@@ -83,8 +86,8 @@ fn diloco_rank() {
 }
 
 /// One rank: trains with `strategy` over MPI, then (every rank) the single-device reference.
-fn rank(strategy: Strategy) {
-    if strategy == Strategy::DiLoCo {
+fn rank(strategy: &str) {
+    if strategy == "diloco" {
         return diloco_rank();
     }
     // Rank 1 starts from other weights: setup must give it rank 0's.
@@ -95,12 +98,12 @@ fn rank(strategy: Strategy) {
     let model = vit(5 + rank);
     // FSDP runs with checkpointing, so units are gathered again in the recompute, on the
     // recompute's helper thread (MPI is initialised for serialized calls from any thread).
-    let local_sgd = strategy == Strategy::LocalSgd;
+    let local_sgd = strategy == "local-sgd";
     let mut distributed = match local_sgd {
         true => unclipped(strategy),
         false => config(strategy),
     };
-    if strategy == Strategy::Fsdp {
+    if strategy == "fsdp" {
         distributed.gradient_checkpointing = CheckpointPolicy::All;
     }
     let (mine, steps, rank) =
@@ -110,8 +113,8 @@ fn rank(strategy: Strategy) {
         })
         .unwrap();
     let reference_config = match local_sgd {
-        true => unclipped(Strategy::SingleDevice),
-        false => config(Strategy::SingleDevice),
+        true => unclipped("single-device"),
+        false => config("single-device"),
     };
     let mut single = Accelerator::<B>::new(reference_config, Default::default()).unwrap();
     let (reference, _, _) = train_96_digits(&mut single, vit(5), 16).unwrap();
@@ -127,7 +130,7 @@ fn rank(strategy: Strategy) {
 #[test]
 fn two_processes_train_like_one_device_under_ddp_and_fsdp() {
     if let Ok(strategy) = std::env::var("AFTERBURNER_MPI_MODE") {
-        return rank(strategy.parse().unwrap());
+        return rank(&strategy);
     }
     for strategy in ["ddp", "fsdp", "local-sgd", "diloco"] {
         let run = run_on_loopback(

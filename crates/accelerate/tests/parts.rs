@@ -11,7 +11,7 @@ use afterburner::demos::digits;
 use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
-    Stateful, Strategy,
+    Stateful, StrategyConfig,
 };
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
@@ -193,13 +193,15 @@ fn assert_bitwise(
     }
 }
 
-fn distributed(strategy: Strategy, state_dict_type: StateDictType) -> AcceleratorConfig {
+fn distributed(strategy: &'static str, state_dict_type: StateDictType) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy,
-        fsdp: FsdpConfig {
-            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-            state_dict_type,
-            ..Default::default()
+        strategy: match strategy.parse().unwrap() {
+            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+                state_dict_type,
+                ..Default::default()
+            }),
+            other => other,
         },
         ..Default::default()
     }
@@ -230,15 +232,9 @@ fn a_stateful_part_and_a_second_optimizer_resume_bitwise_on_one_device() {
 fn parts_resume_bitwise_sharded_and_gathered_on_two_ranks() {
     let _rng = rng_lock();
     for (name, config) in [
-        (
-            "zero-1",
-            distributed(Strategy::Zero1, StateDictType::Sharded),
-        ),
-        ("fsdp", distributed(Strategy::Fsdp, StateDictType::Sharded)),
-        (
-            "fsdp-full",
-            distributed(Strategy::Fsdp, StateDictType::Full),
-        ),
+        ("zero-1", distributed("zero-1", StateDictType::Sharded)),
+        ("fsdp", distributed("fsdp", StateDictType::Sharded)),
+        ("fsdp-full", distributed("fsdp", StateDictType::Full)),
     ] {
         let dir = temp_dir(name);
         let straight = eight_steps(&config, 2, None);
@@ -325,7 +321,7 @@ fn a_part_failing_on_one_rank_fails_a_gathered_save_on_every_rank_without_a_hang
     let dir = temp_dir("one-rank-fails");
     let config = AcceleratorConfig {
         collective_timeout_s: 30.0,
-        ..distributed(Strategy::Fsdp, StateDictType::Full)
+        ..distributed("fsdp", StateDictType::Full)
     };
     let initial = vit(8);
     let target = dir.clone();

@@ -11,7 +11,7 @@ use afterburner::trainer::{
     HfSchedule, IntervalStrategy, OptimizerType, SchedulerType, TrainLoss, Trainer,
     TrainingArguments, optimizer_from_args,
 };
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Group, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Group, StrategyConfig};
 use burn::backend::Flex;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::momentum::MomentumConfig;
@@ -303,7 +303,7 @@ fn a_strategy_from_another_crate_trains_through_run_with_like_the_built_in_ddp()
     };
     let mine = two_ranks(config.clone(), MeanPerTensor::new);
     let ddp_config = AcceleratorConfig {
-        strategy: Strategy::Ddp,
+        strategy: StrategyConfig::Ddp,
         ..config.clone()
     };
     let built = ddp_config.clone();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use afterburner::demos::models::Vit;
 use afterburner::{
-    AccelerateError, Accelerator, AcceleratorConfig, ProjectConfig, StateParts, Strategy,
+    AccelerateError, Accelerator, AcceleratorConfig, ProjectConfig, StateParts, StrategyConfig,
 };
 use burn::optim::SgdConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -178,7 +178,7 @@ fn sharded_checkpoints_rotate_and_load() {
     let root = project("sharded");
     let initial = vit(5);
     let sharded = AcceleratorConfig {
-        strategy: Strategy::Zero1,
+        strategy: StrategyConfig::Zero1,
         devices: 2,
         ..config(&root, 1)
     };

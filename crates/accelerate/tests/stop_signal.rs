@@ -13,7 +13,7 @@ use afterburner::trainer::{
     Flow, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments,
     checkpoint_dir,
 };
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use burn::backend::Flex;
 use burn::optim::SgdConfig;
 use burn::train::ClassificationOutput;
@@ -96,7 +96,7 @@ fn a_sigterm_stops_after_the_step_saves_and_resumes_exactly() {
     // its step 3 (a new stop-enabled Accelerator cleared the earlier request).
     let initial = vit(4);
     let config = AcceleratorConfig {
-        strategy: Strategy::Ddp,
+        strategy: StrategyConfig::Ddp,
         devices: 2,
         stop_on_signal: true,
         ..Default::default()

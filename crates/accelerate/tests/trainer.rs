@@ -11,7 +11,7 @@ use afterburner::trainer::{
     HfSchedule, IntervalStrategy, SchedulerType, TrainLoss, Trainer, TrainingArguments,
     checkpoint_dir, list_checkpoints,
 };
-use afterburner::{Accelerator, Strategy};
+use afterburner::{Accelerator, StrategyConfig};
 use burn::optim::AdamWConfig;
 use burn::train::metric::AccuracyMetric;
 use common::{B, BATCHER, flatten, params, rng_lock, vit};
@@ -394,7 +394,7 @@ fn ddp_trainer_evaluates_every_item_once() {
         t.evaluate().unwrap()
     };
     let args = TrainingArguments {
-        strategy: Strategy::Ddp,
+        strategy: StrategyConfig::Ddp,
         devices: 2,
         max_steps: 3,
         ..small_args("ddp")

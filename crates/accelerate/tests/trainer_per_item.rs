@@ -8,7 +8,7 @@ use afterburner::demos::{ImageBatch, ImageItem, digits};
 use afterburner::trainer::{
     IntervalStrategy, LossNormalization, TrainLoss, Trainer, TrainingArguments,
 };
-use afterburner::{AccelerateError, Accelerator, Strategy};
+use afterburner::{AccelerateError, Accelerator, StrategyConfig};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;
@@ -180,7 +180,7 @@ fn two_ranks_with_different_item_counts_equal_the_full_batch() {
     let _rng = rng_lock();
     let full = one_step(args(16, 1, LossNormalization::PerItem));
     let ddp = TrainingArguments {
-        strategy: Strategy::Ddp,
+        strategy: StrategyConfig::Ddp,
         devices: 2,
         ..args(4, 2, LossNormalization::PerItem)
     };

@@ -35,6 +35,8 @@
 mod counted;
 mod ddp;
 mod error;
+#[cfg(any(test, feature = "testing"))]
+pub mod forwarding;
 mod fsdp;
 mod group;
 mod launch;
@@ -82,10 +84,5 @@ pub use record::{mean_param_states, merge_param_states};
 pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
 pub use slow_link::SlowLink;
-/// The earlier name of [`ParallelStrategy`], kept so code written against it compiles (it
-/// was renamed so it does not read as Burn's `burn::train::TrainingStrategy`, an enum of
-/// Burn's own learners).
-#[doc(hidden)]
-pub use strategy::ParallelStrategy as TrainingStrategy;
 pub use strategy::{ForwardView, ParallelStrategy, SingleDevice, StateLayout, StrategyState};
 pub use zero::{OptimizerSharding, Zero1};

@@ -10,7 +10,7 @@ use afterburner::demos::models::{Vit, VitConfig};
 use afterburner::demos::{ImageBatch, digits};
 use afterburner::parallel::{AutoWrapPolicy, OptimizerSharding, ShardLayout};
 use afterburner::{
-    AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Strategy,
+    AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, StrategyConfig,
 };
 use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
@@ -61,16 +61,21 @@ struct Timing {
 fn step_time<I: Backend>(
     o: &Options,
     workers: usize,
-    strategy: Strategy,
+    strategy: &'static str,
     checkpointing: CheckpointPolicy,
 ) -> Result<Timing, String> {
     type Ad<I> = Autodiff<I>;
     let device = I::Device::default();
     let config = AcceleratorConfig {
-        strategy,
-        fsdp: FsdpConfig {
-            auto_wrap_policy: fsdp_units(),
-            ..Default::default()
+        strategy: match strategy
+            .parse()
+            .map_err(|e: AccelerateError| e.to_string())?
+        {
+            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                auto_wrap_policy: fsdp_units(),
+                ..Default::default()
+            }),
+            other => other,
         },
         gradient_checkpointing: checkpointing,
         seed: 0,
@@ -194,11 +199,11 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     // order alternates between rounds.
     let (none, all) = (CheckpointPolicy::None, CheckpointPolicy::All);
     let runs = [
-        (1, Strategy::SingleDevice, none),
-        (2, Strategy::Ddp, none),
-        (2, Strategy::Fsdp, none),
-        (2, Strategy::Ddp, all),
-        (2, Strategy::Fsdp, all),
+        (1, "single-device", none),
+        (2, "ddp", none),
+        (2, "fsdp", none),
+        (2, "ddp", all),
+        (2, "fsdp", all),
     ];
     let mut best = [Duration::MAX; 5];
     let mut peak = [0usize; 5];
@@ -225,8 +230,8 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                 peak[i].min(t.peak_heap)
             };
             match (strategy, checkpointing) {
-                (Strategy::Ddp, CheckpointPolicy::None) => all_reduces_per_step = t.all_reduces,
-                (Strategy::Fsdp, CheckpointPolicy::None) => fsdp_values = t.fsdp_values,
+                ("ddp", CheckpointPolicy::None) => all_reduces_per_step = t.all_reduces,
+                ("fsdp", CheckpointPolicy::None) => fsdp_values = t.fsdp_values,
                 _ => {}
             }
         }

@@ -14,7 +14,7 @@ use afterburner::demos::models::VitConfig;
 use afterburner::demos::{ImageDataset, digits};
 use afterburner::localsgd::DiLoCoConfig;
 use afterburner::parallel::{Lighthouse, ProcessGroup, QuorumConfig, SlowLink};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -88,11 +88,10 @@ where
 {
     type Ad<I> = Autodiff<I>;
     let config = AcceleratorConfig {
-        strategy: Strategy::DiLoCo,
-        diloco: DiLoCoConfig {
+        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
             sync_every: H as usize,
             ..Default::default()
-        },
+        }),
         ..Default::default()
     };
     let device = I::Device::default();

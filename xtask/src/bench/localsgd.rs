@@ -12,7 +12,7 @@ use afterburner::demos::models::VitConfig;
 use afterburner::demos::{ImageDataset, digits};
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig, OuterDtype};
 use afterburner::parallel::{LaunchConfig, SlowLink, launch};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -42,7 +42,7 @@ struct Row {
 type RankResult = (u64, f64, f64);
 
 fn run<I: Backend>(
-    strategy: Strategy,
+    strategy: &'static str,
     diloco: DiLoCoConfig,
     workers: usize,
     o: &Options,
@@ -54,12 +54,17 @@ where
 {
     type Ad<I> = Autodiff<I>;
     let config = AcceleratorConfig {
-        strategy,
-        local_sgd: LocalSgdConfig {
-            local_sgd_steps: 8,
-            ..Default::default()
+        strategy: match strategy
+            .parse()
+            .map_err(|e: AccelerateError| e.to_string())?
+        {
+            StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
+                local_sgd_steps: 8,
+                ..Default::default()
+            }),
+            StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(diloco),
+            other => other,
         },
-        diloco,
         ..Default::default()
     };
     let device = I::Device::default();
@@ -123,17 +128,17 @@ where
         ..diloco.clone()
     };
     let runs = [
-        ("ddp", Strategy::Ddp, diloco.clone()),
-        ("local-sgd K=8", Strategy::LocalSgd, diloco.clone()),
-        ("diloco H=50", Strategy::DiLoCo, diloco.clone()),
+        ("ddp", "ddp", diloco.clone()),
+        ("local-sgd K=8", "local-sgd", diloco.clone()),
+        ("diloco H=50", "diloco", diloco.clone()),
         (
             "streaming H=50 P=5 tau=5 f32",
-            Strategy::DiLoCo,
+            "diloco",
             streaming(OuterDtype::F32),
         ),
         (
             "streaming H=50 P=5 tau=5 int8",
-            Strategy::DiLoCo,
+            "diloco",
             streaming(OuterDtype::Int8),
         ),
     ];

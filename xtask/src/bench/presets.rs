@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use afterburner::demos::models::{TransformerConfig, VitConfig};
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Precision,
-    Strategy,
+    StrategyConfig,
 };
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
@@ -116,10 +116,10 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
 pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
     let presets = Preset::parse(o.preset.as_deref().unwrap_or("all"))?;
     let devices = all_devices::<I>()?;
-    let mut layouts = vec![(Strategy::Ddp, 1)];
+    let mut layouts = vec![("ddp", 1)];
     if devices.len() > 1 && !o.quick {
-        layouts.push((Strategy::Ddp, devices.len()));
-        layouts.push((Strategy::Fsdp, devices.len()));
+        layouts.push(("ddp", devices.len()));
+        layouts.push(("fsdp", devices.len()));
     }
     let mut rows = Vec::new();
     let per_batch = layouts.len() * 2 * PRECISIONS.len();
@@ -169,7 +169,7 @@ struct Setting {
     size: usize,
     precision: Precision,
     checkpointing: bool,
-    strategy: Strategy,
+    strategy: &'static str,
 }
 
 fn measure<I: Backend>(o: &Options, s: &Setting, devices: &[I::Device]) -> Row {
@@ -221,17 +221,19 @@ fn measure<I: Backend>(o: &Options, s: &Setting, devices: &[I::Device]) -> Row {
 fn config(s: &Setting) -> AcceleratorConfig {
     AcceleratorConfig {
         precision: s.precision,
-        strategy: s.strategy,
+        strategy: match s.strategy.parse().expect("a built-in strategy") {
+            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                auto_wrap_policy: "TransformerEncoderLayer,TransformerBlock"
+                    .parse()
+                    .expect("a valid policy"),
+                ..Default::default()
+            }),
+            other => other,
+        },
         gradient_checkpointing: if s.checkpointing {
             CheckpointPolicy::All
         } else {
             CheckpointPolicy::None
-        },
-        fsdp: FsdpConfig {
-            auto_wrap_policy: "TransformerEncoderLayer,TransformerBlock"
-                .parse()
-                .expect("a valid policy"),
-            ..Default::default()
         },
         seed: 0,
         ..Default::default()

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner::demos::models::{Vit, VitConfig};
 use afterburner::parallel::{LaunchConfig, ParallelError, ProcessGroup, ReduceOp, launch};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, Strategy};
+use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StrategyConfig};
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
@@ -145,11 +145,10 @@ fn fsdp_steps<G: ProcessGroup<Flex> + 'static>(
         traffic: traffic.clone(),
     };
     let config = AcceleratorConfig {
-        strategy: Strategy::Fsdp,
-        fsdp: FsdpConfig {
+        strategy: StrategyConfig::Fsdp(FsdpConfig {
             auto_wrap_policy: "TransformerEncoderLayer".parse()?,
             ..Default::default()
-        },
+        }),
         ..Default::default()
     };
     let mut acc = Accelerator::<B>::with_group(config, device, Box::new(counted))?;

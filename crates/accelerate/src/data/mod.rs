@@ -17,7 +17,4 @@ mod progress;
 
 pub use epoch::EpochIter;
 pub use loader::{DEFAULT_PREFETCH, DataLoaderShard};
-/// The earlier name of [`DataLoaderShard`], kept so code written against it compiles.
-#[doc(hidden)]
-pub type DataLoader<B, I, O> = DataLoaderShard<B, I, O>;
 pub use progress::DataProgress;

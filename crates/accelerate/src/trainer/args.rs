@@ -8,7 +8,7 @@ use afterburner_precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, SchedulerType};
-use crate::{AccelerateError, AcceleratorConfig, AutocastMode, Strategy};
+use crate::{AccelerateError, AcceleratorConfig, AutocastMode, StrategyConfig};
 
 /// Everything the [`Trainer`](super::Trainer) needs to know, with the names and defaults of
 /// HuggingFace's `TrainingArguments` where HF has the knob. Loads from TOML or JSON
@@ -120,9 +120,11 @@ pub struct TrainingArguments {
     /// No progress bar (the log lines stay). Default false: a bar when standard error is a
     /// terminal.
     pub disable_tqdm: bool,
-    /// How training is spread over devices ("single-device", "ddp", "zero-1", "fsdp",
-    /// "local-sgd", "diloco"). Default "single-device".
-    pub strategy: Strategy,
+    /// How training is spread over devices, with the strategy's options: a name (default
+    /// "single-device"; see [`StrategyConfig`]) or a table of options under the name
+    /// (`[strategy.diloco]` with `sync_every = 50` in TOML; `--strategy diloco
+    /// --diloco.sync-every 50` on the command line).
+    pub strategy: StrategyConfig,
     /// Devices (worker threads) to train on. Default 1.
     pub devices: usize,
     /// Graceful stop (afterburner's): on SIGTERM or SIGINT the Trainer finishes its optimizer
@@ -181,7 +183,7 @@ impl Default for TrainingArguments {
             dataloader_drop_last: false,
             dataloader_num_workers: 0,
             disable_tqdm: false,
-            strategy: Strategy::SingleDevice,
+            strategy: StrategyConfig::SingleDevice,
             devices: 1,
             stop_on_signal: false,
             resume_from_checkpoint: None,
@@ -268,7 +270,7 @@ impl TrainingArguments {
             max_grad_norm: (self.max_grad_norm > 0.0).then_some(self.max_grad_norm),
             seed: self.seed,
             gradient_checkpointing: self.gradient_checkpointing,
-            strategy: self.strategy,
+            strategy: self.strategy.clone(),
             devices: self.devices,
             stop_on_signal: self.stop_on_signal,
             ..AcceleratorConfig::default()

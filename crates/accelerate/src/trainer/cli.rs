@@ -1,6 +1,7 @@
 //! `TrainingArguments` from the command line, like HF's `HfArgumentParser`: every key is a
-//! `--kebab-case` option (`--num-train-epochs 3`, `--bf16`), `--config FILE` reads a TOML or
-//! JSON file first, and the options given override it.
+//! `--kebab-case` option (`--num-train-epochs 3`, `--bf16`), the strategy's options are
+//! `--<strategy>.<option>` (`--diloco.sync-every 50`), `--config FILE` reads a TOML or JSON
+//! file first, and the options given override it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,14 +10,16 @@ use serde_json::{Map, Value};
 
 use super::args::{TrainingArguments, read_file};
 use super::help::{help, nearest};
-use crate::AccelerateError;
+use crate::{AccelerateError, StrategyConfig};
 
 /// Older names HF still accepts, with the key they set.
 const ALIASES: [(&str, &str); 1] = [("evaluation_strategy", "eval_strategy")];
 
 impl TrainingArguments {
     /// Arguments from command-line options (without the program name): `--config FILE`,
-    /// then `--key value`, `--key=value` or, for a flag, `--key` alone. Unknown options are
+    /// then `--key value`, `--key=value` or, for a flag, `--key` alone; the chosen
+    /// strategy's options as `--<strategy>.<option> value` (`--strategy diloco
+    /// --diloco.sync-every 50`, `--fsdp.sharding-strategy grad-op`). Unknown options are
     /// errors naming the nearest known one; a bad value is an error naming the option as
     /// typed (`--learning-rate`); `--help` returns [`AccelerateError::Help`], whose text lists
     /// every option with a description, its allowed values and its default (print it and
@@ -49,6 +52,7 @@ impl TrainingArguments {
         let mut overrides = Map::new();
         let mut own = BTreeMap::new();
         let mut config_file = None;
+        let mut strategy_options = StrategyOptions::default();
         // The keys set on the command line, as typed there (errors name them so).
         let mut typed_as = BTreeMap::new();
         let mut tokens = args.into_iter().map(Into::into).peekable();
@@ -94,6 +98,9 @@ impl TrainingArguments {
             };
             if name == "config" {
                 config_file = Some(value()?);
+            } else if let Some((strategy, option)) = name.split_once('.') {
+                let text = value()?;
+                strategy_options.set(strategy, option, &text)?;
             } else if extra.iter().any(|e| option_name(e) == name) {
                 own.insert(name.clone(), value()?);
             } else if let Some(default) = defaults.get(&key) {
@@ -138,7 +145,9 @@ impl TrainingArguments {
             Some((Err(e), _)) => return Err(e),
             None => {}
         }
+        strategy_options.keep_file_options(&merged, &mut overrides);
         merged.extend(overrides);
+        strategy_options.apply(&mut merged)?;
         let args = Self::from_value(Value::Object(merged)).map_err(|e| match e {
             AccelerateError::InvalidArgument { key, reason } => AccelerateError::InvalidArgument {
                 key: typed_as.get(&key).cloned().unwrap_or(key),
@@ -147,6 +156,102 @@ impl TrainingArguments {
             other => other,
         })?;
         Ok((args, own))
+    }
+}
+
+/// The `--<strategy>.<option>` values given, by strategy: applied to the chosen strategy's
+/// options table once the file and the other options are merged.
+#[derive(Default)]
+struct StrategyOptions {
+    /// `(strategy name, option as typed, key, value)`, in order given.
+    given: Vec<(String, String, String, Value)>,
+}
+
+impl StrategyOptions {
+    /// Records `--<strategy>.<option> text`, typed by the strategy's default for the option.
+    fn set(&mut self, strategy: &str, option: &str, text: &str) -> Result<(), AccelerateError> {
+        let typed_as = format!("--{strategy}.{option}");
+        let named = StrategyConfig::from_name(strategy).map_err(|e| match e {
+            AccelerateError::InvalidArgument { reason, .. } => AccelerateError::InvalidArgument {
+                key: typed_as.clone(),
+                reason,
+            },
+            other => other,
+        })?;
+        let Some(defaults) = named.options() else {
+            return Err(AccelerateError::argument(
+                &typed_as,
+                text,
+                format!("no option: strategy {} takes none", named.name()),
+            ));
+        };
+        let key = option.replace('-', "_");
+        let Some(default) = defaults.get(&key) else {
+            let near = nearest(&key, defaults.keys().map(String::as_str));
+            let known = defaults.keys().map(|k| k.replace('_', "-"));
+            let hint = near.map_or(String::new(), |n| format!(" (did you mean {n}?)"));
+            return Err(AccelerateError::InvalidArgument {
+                key: typed_as,
+                reason: format!(
+                    "strategy {} has no option {option}{hint}; its options: {}",
+                    named.name(),
+                    known.collect::<Vec<_>>().join(", ")
+                ),
+            });
+        };
+        let value = typed(&format!("{strategy}.{option}"), text, default)?;
+        self.given
+            .push((named.name().to_string(), typed_as, key, value));
+        Ok(())
+    }
+
+    /// Keeps the file's options table when the command line names the same strategy with
+    /// `--strategy` alone (`--strategy diloco` over a file's `[strategy.diloco]`).
+    fn keep_file_options(&self, merged: &Map<String, Value>, overrides: &mut Map<String, Value>) {
+        let name_of = |v: &Value| {
+            StrategyConfig::from_value(v.clone())
+                .ok()
+                .map(|c| c.name().to_string())
+        };
+        if let (Some(file @ Value::Object(_)), Some(given @ Value::String(_))) =
+            (merged.get("strategy"), overrides.get("strategy"))
+            && name_of(file).is_some()
+            && name_of(file) == name_of(given)
+        {
+            overrides.remove("strategy");
+        }
+    }
+
+    /// Writes the recorded options into the merged arguments' strategy table; errors when an
+    /// option belongs to another strategy than the one chosen.
+    fn apply(self, merged: &mut Map<String, Value>) -> Result<(), AccelerateError> {
+        let Some((_, first_typed, _, _)) = self.given.first() else {
+            return Ok(());
+        };
+        let chosen = merged
+            .get("strategy")
+            .cloned()
+            .map(StrategyConfig::from_value)
+            .transpose()
+            .map_err(|e| AccelerateError::argument(first_typed, e, "a valid --strategy"))?
+            .unwrap_or_default();
+        let mut options = chosen.options().unwrap_or_default();
+        for (strategy, typed_as, key, value) in self.given {
+            if strategy != chosen.name() {
+                return Err(AccelerateError::InvalidArgument {
+                    key: typed_as,
+                    reason: format!(
+                        "an option of strategy {strategy}, but the strategy is {}                          (give --strategy {strategy})",
+                        chosen.name()
+                    ),
+                });
+            }
+            options.insert(key, value);
+        }
+        let mut table = Map::new();
+        table.insert(chosen.name().to_string(), Value::Object(options));
+        merged.insert("strategy".into(), Value::Object(table));
+        Ok(())
     }
 }
 

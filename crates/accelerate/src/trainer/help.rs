@@ -3,6 +3,10 @@
 
 use serde_json::{Map, Value};
 
+pub(super) use crate::suggest::nearest;
+
+use crate::StrategyConfig;
+
 /// One line per `TrainingArguments` key: what it sets and, where the values are a set, which.
 const DESCRIPTIONS: &[(&str, &str)] = &[
     (
@@ -130,7 +134,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("disable_tqdm", "no progress bar"),
     (
         "strategy",
-        "how training is spread: single-device, ddp, zero-1, fsdp, local-sgd, diloco",
+        "how training is spread over devices (see the strategies below)",
     ),
     ("devices", "devices (worker threads) to train on"),
     (
@@ -189,7 +193,35 @@ pub(super) fn help(defaults: &Map<String, Value>, extra: &[&str]) -> String {
             .map(|(option, text)| format!("  {option:width$}  {text}")),
     );
     lines.push(format!("  {:width$}  this text", "--help"));
+    lines.push(String::new());
+    lines.extend(strategies());
     lines.join("\n")
+}
+
+/// The strategies `--strategy` takes, each with its description and options
+/// (`--<strategy>.<option>` and its default).
+fn strategies() -> Vec<String> {
+    let mut lines =
+        vec!["strategies (--strategy NAME; its options as --NAME.OPTION VALUE):".into()];
+    for name in StrategyConfig::names() {
+        let about = StrategyConfig::about(&name).unwrap_or("a registered strategy");
+        let about = about.split(". ").next().unwrap_or_default();
+        let about = about.split_whitespace().collect::<Vec<_>>().join(" ");
+        lines.push(format!("  {name}: {}", about.trim_end_matches('.')));
+        let options = StrategyConfig::from_name(&name)
+            .ok()
+            .and_then(|config| config.options())
+            .unwrap_or_default();
+        for (key, default) in options {
+            let default = match default {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            let option = format!("--{name}.{}", key.replace('_', "-"));
+            lines.push(format!("    {option} VALUE (default: {default})"));
+        }
+    }
+    lines
 }
 
 /// The one-line description of `key` (snake_case).
@@ -198,35 +230,6 @@ pub(super) fn description(key: &str) -> Option<&'static str> {
         .iter()
         .find(|(k, _)| *k == key)
         .map(|(_, text)| *text)
-}
-
-/// The known option nearest to a mistyped `name` (kebab-case, without dashes), when it is
-/// close enough to be a typo of it.
-pub(super) fn nearest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let name = name.replace('_', "-");
-    known
-        .into_iter()
-        .map(|k| k.replace('_', "-"))
-        .map(|k| (edit_distance(&name, &k), k))
-        .filter(|(d, k)| *d <= (k.len() / 4).clamp(1, 3))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
-}
-
-/// Levenshtein distance between `a` and `b`, in characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = diagonal + usize::from(ca != *cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitution.min(row[j] + 1).min(row[j + 1] + 1);
-        }
-    }
-    row[b.len()]
 }
 
 #[cfg(test)]
@@ -249,17 +252,25 @@ mod tests {
     }
 
     #[test]
-    fn a_typo_finds_the_option_and_a_stranger_nothing() {
-        let known = ["learning_rate", "num_train_epochs", "seed"];
-        assert_eq!(
-            nearest("learning-rat", known).as_deref(),
-            Some("learning-rate")
+    fn every_strategy_and_its_options_are_in_the_help() {
+        let text = help(&Map::new(), &[]);
+        for name in StrategyConfig::names() {
+            assert!(
+                text.contains(&format!("  {name}: ")),
+                "{name} missing:\n{text}"
+            );
+        }
+        assert!(
+            text.contains("--diloco.sync-every VALUE (default: 500)"),
+            "{text}"
         );
-        assert_eq!(
-            nearest("num-train-epoch", known).as_deref(),
-            Some("num-train-epochs")
+        assert!(
+            text.contains("--local-sgd.local-sgd-steps VALUE (default: 8)"),
+            "{text}"
         );
-        assert_eq!(nearest("batch", known), None);
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert!(
+            text.contains("--fsdp.sharding-strategy VALUE (default: full)"),
+            "{text}"
+        );
     }
 }

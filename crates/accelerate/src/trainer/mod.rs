@@ -177,7 +177,7 @@ where
         if args.strategy.is_distributed() {
             return Err(AccelerateError::argument(
                 "strategy",
-                args.strategy,
+                &args.strategy,
                 "single-device for Trainer::new; for several devices build each rank's \
                  Trainer with Trainer::on inside Accelerator::run(args.accelerator_config(), ..)",
             ));

@@ -1,0 +1,293 @@
+//! The strategy's options reach the Trainer: DiLoCo's `sync_every`, Local SGD's
+//! `local_sgd_steps` and FSDP's settings given in TOML or on the command line shape the run;
+//! a user's strategy registered by name is chosen by the Trainer's command line.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use afterburner::demos::{ImageDataset, digits};
+use afterburner::parallel::{ParallelStrategy, ShardingStrategy};
+use afterburner::trainer::{IntervalStrategy, Trainer, TrainingArguments};
+use afterburner::{
+    AccelerateError, Accelerator, AnyStrategy, Group, NamedStrategy, StrategyConfig,
+    register_strategy,
+};
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use common::{B, BATCHER, rng_lock, vit};
+
+/// 32 training digits, 8 for evaluation.
+fn data() -> (ImageDataset, ImageDataset) {
+    let all = digits::load().unwrap();
+    let eval = ImageDataset::new(all.items()[32..40].to_vec(), [1, 8, 8]).unwrap();
+    (all.take(32), eval)
+}
+
+/// The program's defaults: 2 devices, batch 2, no saves, no evaluation.
+fn defaults(name: &str) -> TrainingArguments {
+    TrainingArguments {
+        output_dir: common::scratch_dir(&format!("trainer-strategies-{name}")),
+        per_device_train_batch_size: 2,
+        learning_rate: 1e-3,
+        save_strategy: IntervalStrategy::No,
+        logging_steps: 100.0,
+        disable_tqdm: true,
+        devices: 2,
+        ..Default::default()
+    }
+}
+
+/// Trains `args` with the Trainer on its devices; returns each rank's parameter syncs and
+/// whether (and how) it ran FSDP.
+fn train(args: TrainingArguments) -> Vec<(u64, Option<(ShardingStrategy, usize)>)> {
+    let _rng = rng_lock();
+    let model = vit(5);
+    let config = args.accelerator_config();
+    Accelerator::<B>::run(config, move |acc| {
+        let (train, eval) = data();
+        let mut t = Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER)?;
+        t.train()?;
+        let acc = t.accelerator();
+        let fsdp = acc.fsdp().map(|f| {
+            let units = f.layout().map_or(0, |l| l.unit_paths().len());
+            (f.config().sharding_strategy, units)
+        });
+        Ok((acc.parameter_syncs(), fsdp))
+    })
+    .unwrap()
+}
+
+fn toml_file(name: &str, text: &str) -> String {
+    let dir = common::scratch_dir(&format!("trainer-strategies-toml-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("run.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn diloco_sync_every_from_toml_and_the_command_line_makes_7_step_rounds() {
+    let file = toml_file(
+        "diloco",
+        "max_steps = 14\n[strategy.diloco]\nsync_every = 7\n",
+    );
+    let from_toml = defaults("diloco-toml")
+        .with_args(["--config", file.as_str()], &[])
+        .unwrap()
+        .0;
+    let from_cli = defaults("diloco-cli")
+        .with_args(
+            [
+                "--max-steps",
+                "14",
+                "--strategy",
+                "diloco",
+                "--diloco.sync-every",
+                "7",
+            ],
+            &[],
+        )
+        .unwrap()
+        .0;
+    assert_eq!(from_toml.strategy, from_cli.strategy);
+    assert!(matches!(&from_cli.strategy, StrategyConfig::DiLoCo(d) if d.sync_every == 7));
+    // 14 steps in rounds of 7: two outer steps; the default (500) would sync once, at the end.
+    for args in [from_toml, from_cli] {
+        for (syncs, fsdp) in train(args) {
+            assert_eq!((syncs, fsdp), (2, None));
+        }
+    }
+    let default = defaults("diloco-default")
+        .with_args(["--max-steps", "14", "--strategy", "diloco"], &[])
+        .unwrap()
+        .0;
+    assert_eq!(train(default)[0].0, 1);
+}
+
+#[test]
+fn local_sgd_steps_and_fsdp_options_reach_the_strategy() {
+    let args = defaults("local-sgd")
+        .with_args(
+            [
+                "--max-steps",
+                "6",
+                "--strategy",
+                "local-sgd",
+                "--local-sgd.local-sgd-steps",
+                "3",
+            ],
+            &[],
+        )
+        .unwrap()
+        .0;
+    for (syncs, _) in train(args) {
+        assert_eq!(syncs, 2, "6 steps averaged every 3");
+    }
+    let file = toml_file(
+        "fsdp",
+        "max_steps = 2\n[strategy.fsdp]\nauto_wrap_policy = \"TransformerEncoderLayer\"\n",
+    );
+    let args = defaults("fsdp")
+        .with_args(
+            [
+                "--config",
+                file.as_str(),
+                "--fsdp.sharding-strategy",
+                "grad-op",
+            ],
+            &[],
+        )
+        .unwrap()
+        .0;
+    for (_, fsdp) in train(args) {
+        let (sharding, units) = fsdp.expect("trained under FSDP");
+        assert_eq!(sharding, ShardingStrategy::GradOp);
+        assert!(units > 1, "the layers are units of their own: {units}");
+    }
+}
+
+#[test]
+fn strategy_options_on_the_command_line_are_checked_by_name() {
+    let parse = |args: &[&str]| {
+        defaults("bad")
+            .with_args(args.iter().copied(), &[])
+            .unwrap_err()
+            .to_string()
+    };
+    let err = parse(&["--strategy", "diloco", "--diloco.sync-evry", "7"]);
+    assert!(
+        err.contains("--diloco.sync-evry") && err.contains("sync-every"),
+        "{err}"
+    );
+    let err = parse(&["--strategy", "ddp", "--diloco.sync-every", "7"]);
+    assert!(
+        err.contains("the strategy is ddp") && err.contains("--strategy diloco"),
+        "{err}"
+    );
+    let err = parse(&["--ddp.bucket", "7"]);
+    assert!(err.contains("ddp takes none"), "{err}");
+    let err = parse(&["--strategy", "dilco"]);
+    assert!(
+        err.contains("--strategy") && err.contains("did you mean diloco"),
+        "{err}"
+    );
+    let err = parse(&["--strategy", "diloco", "--diloco.sync-every", "0"]);
+    assert!(err.contains("sync_every"), "{err}");
+}
+
+/// A user's strategy: one device, counts its optimizer steps, with one option.
+struct Counting {
+    every: u64,
+    steps: Arc<AtomicU64>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct CountingOptions {
+    every: u64,
+}
+
+impl Default for CountingOptions {
+    fn default() -> Self {
+        Self { every: 1 }
+    }
+}
+
+impl ParallelStrategy<B> for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+
+    fn after_optimizer_step<M, O>(
+        &mut self,
+        model: M,
+        _optimizer: &mut O,
+        _step: u64,
+    ) -> Result<M, afterburner::parallel::ParallelError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        self.steps.fetch_add(1, Ordering::SeqCst);
+        Ok(model)
+    }
+}
+
+impl NamedStrategy<B> for Counting {
+    const NAME: &'static str = "counting";
+    type Options = CountingOptions;
+
+    fn build(group: Option<Group<B>>, options: CountingOptions) -> Result<Self, AccelerateError> {
+        assert!(group.is_none(), "one device in this test");
+        Ok(Self {
+            every: options.every,
+            steps: Arc::default(),
+        })
+    }
+}
+
+#[test]
+fn a_registered_strategy_is_chosen_by_the_trainers_command_line() {
+    register_strategy::<B, Counting>().unwrap();
+    let args = defaults("registered")
+        .with_args(
+            [
+                "--max-steps",
+                "3",
+                "--devices",
+                "1",
+                "--strategy",
+                "counting",
+                "--counting.every",
+                "4",
+            ],
+            &[],
+        )
+        .unwrap()
+        .0;
+    assert_eq!(args.strategy.name(), "counting");
+    let config = args.accelerator_config();
+    let _rng = rng_lock();
+    let model = vit(5);
+    let results = Accelerator::run_with(
+        config.clone(),
+        move |group| AnyStrategy::<B, Counting>::from_config(&config, group),
+        move |acc| {
+            let (train, eval) = data();
+            let mut t = Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER)?;
+            t.train()?;
+            let counting = t
+                .accelerator()
+                .strategy()
+                .user()
+                .expect("the user's strategy");
+            Ok((counting.every, counting.steps.load(Ordering::SeqCst)))
+        },
+    )
+    .unwrap();
+    assert_eq!(results, vec![(4, 3)]);
+    // The name is listed where the built-in ones are, and a typo in its options is named.
+    assert!(StrategyConfig::names().contains(&"counting".to_string()));
+    let err = defaults("registered-typo")
+        .with_args(["--strategy", "counting", "--counting.evry", "4"], &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("did you mean every"), "{err}");
+    // A built-in name cannot be taken.
+    struct Impostor;
+    impl ParallelStrategy<B> for Impostor {
+        fn name(&self) -> &'static str {
+            "ddp"
+        }
+    }
+    impl NamedStrategy<B> for Impostor {
+        const NAME: &'static str = "ddp";
+        type Options = ();
+        fn build(_: Option<Group<B>>, _: ()) -> Result<Self, AccelerateError> {
+            Ok(Self)
+        }
+    }
+    assert!(register_strategy::<B, Impostor>().is_err());
+}
