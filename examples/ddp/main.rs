@@ -32,10 +32,10 @@
 #[path = "../minimal/backend.rs"]
 mod backend;
 
-use afterburner::demos::models::VitConfig;
-use afterburner::demos::{ImageBatcher, ImageDataset, digits};
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StrategyConfig};
+use afterburner_demos::models::VitConfig;
+use afterburner_demos::{ImageBatcher, ImageDataset, digits};
 use backend::{B, device};
 use burn::data::dataset::Dataset;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -164,7 +164,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(feature = "mpi")]
 fn run_mpi(
     config: AcceleratorConfig,
-    model: afterburner::demos::models::Vit<B>,
+    model: afterburner_demos::models::Vit<B>,
     train: ImageDataset,
     test: ImageDataset,
     epochs: usize,
@@ -185,7 +185,7 @@ fn run_mpi(
 #[cfg(not(feature = "mpi"))]
 fn run_mpi(
     _: AcceleratorConfig,
-    _: afterburner::demos::models::Vit<B>,
+    _: afterburner_demos::models::Vit<B>,
     _: ImageDataset,
     _: ImageDataset,
     _: usize,
@@ -197,7 +197,7 @@ fn run_mpi(
 /// One rank: the single-device loop, then its shard of the test set, gathered.
 fn train_and_evaluate(
     mut acc: Accelerator<B>,
-    model: afterburner::demos::models::Vit<B>,
+    model: afterburner_demos::models::Vit<B>,
     train: ImageDataset,
     test: ImageDataset,
     epochs: usize,

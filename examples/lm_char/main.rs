@@ -14,11 +14,11 @@
 mod backend;
 
 use afterburner::CheckpointPolicy;
-use afterburner::demos::models::TransformerConfig;
-use afterburner::demos::text::{self, TextDataset, TokenBatcher};
 use afterburner::trainer::{
     IntervalStrategy, LossNormalization, SchedulerType, Trainer, TrainingArguments,
 };
+use afterburner_demos::models::TransformerConfig;
+use afterburner_demos::text::{self, TextDataset, TokenBatcher};
 use burn::data::dataset::Dataset;
 use burn::module::AutodiffModule;
 use burn::train::metric::{AccuracyMetric, PerplexityMetric};

@@ -14,9 +14,9 @@
 mod backend;
 
 use afterburner::data::DataLoaderShard;
-use afterburner::demos::models::{Vit, VitConfig};
-use afterburner::demos::{ImageBatcher, ImageDataset, ImageItem, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
+use afterburner_demos::models::{Vit, VitConfig};
+use afterburner_demos::{ImageBatcher, ImageDataset, ImageItem, digits};
 use burn::data::dataset::Dataset;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};

@@ -17,11 +17,11 @@
 #[path = "../minimal/backend.rs"]
 mod backend;
 
-use afterburner::demos::models::{Vit, VitConfig};
-use afterburner::demos::{ImageBatch, ImageItem, cifar10, digits};
 use afterburner::trainer::{IntervalStrategy, SchedulerType, Trainer, TrainingArguments};
 use afterburner::weights::Layout;
 use afterburner::{AccelerateError, Accelerator};
+use afterburner_demos::models::{Vit, VitConfig};
+use afterburner_demos::{ImageBatch, ImageItem, cifar10, digits};
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::ClassificationOutput;

@@ -211,11 +211,8 @@ impl From<PrecisionError> for AccelerateError {
 }
 
 impl AccelerateError {
-    pub(crate) fn invalid(
-        field: &'static str,
-        value: impl ToString,
-        expected: &'static str,
-    ) -> Self {
+    /// A config `field` whose `value` is not what is `expected`.
+    pub fn invalid(field: &'static str, value: impl ToString, expected: &'static str) -> Self {
         Self::InvalidConfig {
             field,
             value: value.to_string(),
@@ -223,11 +220,8 @@ impl AccelerateError {
         }
     }
 
-    pub(crate) fn argument(
-        key: impl ToString,
-        value: impl ToString,
-        expected: impl ToString,
-    ) -> Self {
+    /// A training argument `key` whose `value` is not what is `expected`.
+    pub fn argument(key: impl ToString, value: impl ToString, expected: impl ToString) -> Self {
         Self::InvalidArgument {
             key: key.to_string(),
             reason: format!(
@@ -238,11 +232,8 @@ impl AccelerateError {
         }
     }
 
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-        source: std::io::Error,
-    ) -> Self {
+    /// An I/O error of `action` on `path`.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             action,
             path: path.into(),
@@ -250,7 +241,8 @@ impl AccelerateError {
         }
     }
 
-    pub(crate) fn corrupt(path: impl Into<PathBuf>, reason: impl ToString) -> Self {
+    /// A file at `path` that does not hold what it should, and why.
+    pub fn corrupt(path: impl Into<PathBuf>, reason: impl ToString) -> Self {
         Self::Corrupt {
             path: path.into(),
             reason: reason.to_string(),

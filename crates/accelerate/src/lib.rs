@@ -10,8 +10,6 @@
 //! - [`data`]: a device-aware data loader over Burn's `Dataset` and `Batcher` (prefetched on
 //!   a background thread).
 //! - [`rng`]: the one seeded generator (data shuffles and backend seeds).
-//! - [`demos`]: the reference models the examples and benches train, the built-in digits
-//!   data, a CIFAR-10 reader.
 //! - [`precision`]: re-export of `afterburner-precision` (policies, autocast, loss scaling).
 //! - [`checkpoint`]: re-export of `afterburner-checkpoint` (`Checkpointed` blocks and the
 //!   policies behind the config's `gradient_checkpointing`).
@@ -33,7 +31,6 @@
 mod accelerator;
 mod config;
 pub mod data;
-pub mod demos;
 mod distributed;
 mod error;
 mod forward;

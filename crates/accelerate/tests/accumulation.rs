@@ -3,8 +3,8 @@
 
 mod common;
 
-use afterburner::demos::{ImageBatcher, digits};
 use afterburner::{Accelerator, AcceleratorConfig, StepOutcome};
+use afterburner_demos::{ImageBatcher, digits};
 use burn::optim::SgdConfig;
 use common::*;
 

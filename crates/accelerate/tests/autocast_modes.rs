@@ -111,7 +111,7 @@ fn vit_grads<B: AutodiffBackend>(
     let model = acc
         .setup_model(common::tiny_vit().init::<B>(&device))
         .unwrap();
-    let digits = afterburner::demos::digits::load().unwrap();
+    let digits = afterburner_demos::digits::load().unwrap();
     let batch = digits
         .batcher()
         .batch(digits.items()[..16].to_vec(), &device);
@@ -195,7 +195,7 @@ fn train_per_op<B: AutodiffBackend>(
     let ranks = Accelerator::<B>::launch(config, vec![device.clone(); world], move |mut acc| {
         let (mut model, mut optim) =
             acc.setup(initial.clone(), burn::optim::AdamWConfig::new().init())?;
-        let items = afterburner::demos::digits::load()?.take(96);
+        let items = afterburner_demos::digits::load()?.take(96);
         let loader = acc.dataloader(items, common::BATCHER, 8)?;
         let loss = CrossEntropyLossConfig::new().init(&device);
         for batch in loader.epoch(0) {

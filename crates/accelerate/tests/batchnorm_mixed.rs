@@ -2,8 +2,8 @@
 //! `Autodiff<Autocast<Flex>>`: the running statistics stay f32 and the half activations meet
 //! them in f32 (dtype promotion), where the plain backend rejects the mix.
 
-use afterburner::demos::{ImageBatcher, digits};
 use afterburner::{Accelerator, AcceleratorConfig, Autocast};
+use afterburner_demos::{ImageBatcher, digits};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};

@@ -3,9 +3,9 @@
 
 mod common;
 
-use afterburner::demos::models::TransformerConfig;
-use afterburner::demos::{ImageBatcher, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Precision};
+use afterburner_demos::models::TransformerConfig;
+use afterburner_demos::{ImageBatcher, digits};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;
 use burn::tensor::{Distribution, Int, Tensor};

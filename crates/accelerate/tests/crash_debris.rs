@@ -5,8 +5,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::demos::models::Vit;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
+use afterburner_demos::models::Vit;
 use burn::optim::SgdConfig;
 use common::{B, flatten, names, params, rng_lock, vit};
 

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
 use afterburner::data::DataLoaderShard;
-use afterburner::demos::{ImageBatch, digits};
 use afterburner::parallel::DistributedSampler;
 use afterburner::{Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_demos::{ImageBatch, digits};
 use burn::backend::Flex;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::{Dataset, InMemDataset};
@@ -130,7 +130,7 @@ fn a_burn_dataset_and_batcher_plug_into_the_accelerator_unchanged() {
 
 /// Every batch of `epochs` epochs, as (images, labels) values.
 fn contents(
-    loader: &DataLoaderShard<Flex, afterburner::demos::ImageItem, ImageBatch<Flex>>,
+    loader: &DataLoaderShard<Flex, afterburner_demos::ImageItem, ImageBatch<Flex>>,
     epochs: usize,
 ) -> Vec<(Vec<f32>, Vec<i64>)> {
     (0..epochs)

@@ -4,8 +4,8 @@
 
 mod common;
 
-use afterburner::demos::digits;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_demos::digits;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::optim::SgdConfig;

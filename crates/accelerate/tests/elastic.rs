@@ -7,11 +7,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::demos::digits;
-use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StrategyConfig,
 };
+use afterburner_demos::digits;
+use afterburner_demos::models::Vit;
 use burn::optim::{AdamWConfig, Optimizer};
 use common::*;
 

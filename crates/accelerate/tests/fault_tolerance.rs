@@ -8,10 +8,10 @@ mod common;
 
 use std::sync::Arc;
 
-use afterburner::demos::digits;
 use afterburner::localsgd::DiLoCoConfig;
 use afterburner::parallel::{Lighthouse, QuorumConfig, ReplicaRun, fail_and_restart};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_demos::digits;
 use burn::optim::AdamWConfig;
 use common::*;
 

@@ -4,12 +4,12 @@
 
 mod common;
 
-use afterburner::demos::digits;
-use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, FsdpConfig,
     Precision, ShardingStrategy, StateDictType, StrategyConfig,
 };
+use afterburner_demos::digits;
+use afterburner_demos::models::Vit;
 use burn::module::Module;
 use burn::optim::AdamWConfig;
 use common::*;

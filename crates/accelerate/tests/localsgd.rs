@@ -7,10 +7,10 @@ mod common;
 
 use std::path::PathBuf;
 
-use afterburner::demos::digits;
-use afterburner::demos::models::Vit;
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_demos::digits;
+use afterburner_demos::models::Vit;
 use burn::optim::{AdamWConfig, Optimizer, SgdConfig};
 use common::*;
 

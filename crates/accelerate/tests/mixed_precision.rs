@@ -20,7 +20,7 @@ fn accelerator(precision: &str) -> Accelerator<B> {
 }
 
 /// Gradients of the ViT's parameters on one digits batch under `precision`.
-fn vit_grads(precision: &str) -> (Vec<Vec<f32>>, afterburner::demos::models::Vit<B>) {
+fn vit_grads(precision: &str) -> (Vec<Vec<f32>>, afterburner_demos::models::Vit<B>) {
     let acc = accelerator(precision);
     let model = acc.setup_model(vit(7)).unwrap();
     let batch = digits_batch(0, 32);

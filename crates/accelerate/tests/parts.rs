@@ -7,12 +7,12 @@ mod common;
 
 use std::path::PathBuf;
 
-use afterburner::demos::digits;
-use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
     Stateful, StrategyConfig,
 };
+use afterburner_demos::digits;
+use afterburner_demos::models::Vit;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
 use burn::tensor::ElementConversion;

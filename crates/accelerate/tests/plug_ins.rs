@@ -4,14 +4,14 @@
 
 mod common;
 
-use afterburner::demos::models::Vit;
-use afterburner::demos::{ImageDataset, digits};
 use afterburner::parallel::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp};
 use afterburner::trainer::{
     HfSchedule, IntervalStrategy, OptimizerType, SchedulerType, TrainLoss, Trainer,
     TrainingArguments, optimizer_from_args,
 };
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, Group, StrategyConfig};
+use afterburner_demos::models::Vit;
+use afterburner_demos::{ImageDataset, digits};
 use burn::backend::Flex;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::momentum::MomentumConfig;

@@ -7,8 +7,8 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use afterburner::AccelerateError;
-use afterburner::demos::{ImageItem, digits};
 use afterburner::trainer::{IntervalStrategy, Trainer, TrainingArguments};
+use afterburner_demos::{ImageItem, digits};
 use burn::data::dataset::InMemDataset;
 use common::{BATCHER, vit};
 

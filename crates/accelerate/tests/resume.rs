@@ -5,9 +5,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::demos::models::Vit;
-use afterburner::demos::{ImageBatcher, digits};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
+use afterburner_demos::models::Vit;
+use afterburner_demos::{ImageBatcher, digits};
 use burn::optim::Adam;
 use burn::optim::AdamConfig;
 use burn::optim::adaptor::OptimizerAdaptor;

@@ -6,10 +6,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, ProjectConfig, StateParts, StrategyConfig,
 };
+use afterburner_demos::models::Vit;
 use burn::optim::SgdConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
 use common::*;

@@ -6,12 +6,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::demos::digits;
-use afterburner::demos::models::Vit;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
     Stateful, StrategyConfig,
 };
+use afterburner_demos::digits;
+use afterburner_demos::models::Vit;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
 use common::*;

@@ -7,13 +7,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use afterburner::demos::models::Vit;
-use afterburner::demos::{ImageBatch, ImageDataset, ImageItem, digits};
 use afterburner::trainer::{
     Flow, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments,
     checkpoint_dir,
 };
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_demos::models::Vit;
+use afterburner_demos::{ImageBatch, ImageDataset, ImageItem, digits};
 use burn::backend::Flex;
 use burn::optim::SgdConfig;
 use burn::train::ClassificationOutput;

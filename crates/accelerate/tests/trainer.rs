@@ -5,13 +5,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::demos::models::Vit;
-use afterburner::demos::{ImageDataset, digits};
 use afterburner::trainer::{
     HfSchedule, IntervalStrategy, SchedulerType, TrainLoss, Trainer, TrainingArguments,
     checkpoint_dir, list_checkpoints,
 };
 use afterburner::{Accelerator, StrategyConfig};
+use afterburner_demos::models::Vit;
+use afterburner_demos::{ImageDataset, digits};
 use burn::optim::AdamWConfig;
 use burn::train::metric::AccuracyMetric;
 use common::{B, BATCHER, flatten, params, rng_lock, vit};
@@ -48,9 +48,9 @@ fn small_args(name: &str) -> TrainingArguments {
 type DigitsTrainer = Trainer<
     B,
     Vit<B>,
-    afterburner::demos::ImageItem,
-    afterburner::demos::ImageBatch<B>,
-    afterburner::demos::ImageBatch<burn::backend::Flex>,
+    afterburner_demos::ImageItem,
+    afterburner_demos::ImageBatch<B>,
+    afterburner_demos::ImageBatch<burn::backend::Flex>,
     burn::train::ClassificationOutput<burn::backend::Flex>,
 >;
 

@@ -3,12 +3,12 @@
 
 mod common;
 
-use afterburner::demos::models::Vit;
-use afterburner::demos::{ImageBatch, ImageItem, digits};
 use afterburner::trainer::{
     IntervalStrategy, LossNormalization, TrainLoss, Trainer, TrainingArguments,
 };
 use afterburner::{AccelerateError, Accelerator, StrategyConfig};
+use afterburner_demos::models::Vit;
+use afterburner_demos::{ImageBatch, ImageItem, digits};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::module::Module;

@@ -7,13 +7,13 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use afterburner::demos::{ImageDataset, digits};
 use afterburner::parallel::{ParallelStrategy, ShardingStrategy};
 use afterburner::trainer::{IntervalStrategy, Trainer, TrainingArguments};
 use afterburner::{
     AccelerateError, Accelerator, AnyStrategy, Group, NamedStrategy, StrategyConfig,
     register_strategy,
 };
+use afterburner_demos::{ImageDataset, digits};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use common::{B, BATCHER, rng_lock, vit};

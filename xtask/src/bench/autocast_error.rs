@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::process::Command;
 
-use afterburner::demos::digits;
-use afterburner::demos::models::VitConfig;
 use afterburner::precision::materialize_params;
 use afterburner::{Accelerator, AcceleratorConfig, AutocastMode};
+use afterburner_demos::digits;
+use afterburner_demos::models::VitConfig;
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;

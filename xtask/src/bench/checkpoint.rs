@@ -6,11 +6,11 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use afterburner::checkpoint::Balanced;
-use afterburner::demos::models::{TransformerConfig, VitConfig};
-use afterburner::demos::{ImageBatch, digits};
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, AutocastMode, CheckpointPolicy, Precision,
 };
+use afterburner_demos::models::{TransformerConfig, VitConfig};
+use afterburner_demos::{ImageBatch, digits};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;

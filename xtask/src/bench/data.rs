@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use afterburner::data::DataLoaderShard;
-use afterburner::demos::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, digits};
+use afterburner_demos::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, digits};
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, ElementConversion, Tensor, activation};

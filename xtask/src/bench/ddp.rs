@@ -6,12 +6,12 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::demos::models::{Vit, VitConfig};
-use afterburner::demos::{ImageBatch, digits};
 use afterburner::parallel::{AutoWrapPolicy, OptimizerSharding, ShardLayout};
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, StrategyConfig,
 };
+use afterburner_demos::models::{Vit, VitConfig};
+use afterburner_demos::{ImageBatch, digits};
 use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::Module;

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use afterburner::demos::models::VitConfig;
-use afterburner::demos::{ImageDataset, digits};
 use afterburner::localsgd::DiLoCoConfig;
 use afterburner::parallel::{Lighthouse, ProcessGroup, QuorumConfig, SlowLink};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_demos::models::VitConfig;
+use afterburner_demos::{ImageDataset, digits};
 use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -69,7 +69,7 @@ type Fault = (u64, u64);
 
 struct Shared<I: Backend> {
     lighthouse: Arc<Lighthouse>,
-    model: afterburner::demos::models::Vit<Autodiff<I>>,
+    model: afterburner_demos::models::Vit<Autodiff<I>>,
     train: ImageDataset,
     test: ImageDataset,
     steps: u64,

@@ -8,11 +8,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use afterburner::demos::models::VitConfig;
-use afterburner::demos::{ImageDataset, digits};
 use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig, OuterDtype};
 use afterburner::parallel::{LaunchConfig, SlowLink, launch};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_demos::models::VitConfig;
+use afterburner_demos::{ImageDataset, digits};
 use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;

@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::demos::models::VitConfig;
-use afterburner::demos::{ImageBatch, digits};
 use afterburner::{Accelerator, AcceleratorConfig, NonFinitePolicy, Precision};
+use afterburner_demos::models::VitConfig;
+use afterburner_demos::{ImageBatch, digits};
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};

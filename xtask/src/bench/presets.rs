@@ -11,11 +11,11 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::demos::models::{TransformerConfig, VitConfig};
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Precision,
     StrategyConfig,
 };
+use afterburner_demos::models::{TransformerConfig, VitConfig};
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::nn::loss::CrossEntropyLossConfig;

@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use afterburner::demos::models::{Vit, VitConfig};
 use afterburner::parallel::{LaunchConfig, ParallelError, ProcessGroup, ReduceOp, launch};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StrategyConfig};
+use afterburner_demos::models::{Vit, VitConfig};
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::AdamWConfig;

@@ -1,8 +1,8 @@
 //! What the checks share: a tiny model, batches of digits, and parameter / gradient readers.
 
-use afterburner::demos::models::{Vit, VitConfig};
-use afterburner::demos::{ImageBatch, ImageBatcher, digits};
 use afterburner::{AccelerateError, Accelerator};
+use afterburner_demos::models::{Vit, VitConfig};
+use afterburner_demos::{ImageBatch, ImageBatcher, digits};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;

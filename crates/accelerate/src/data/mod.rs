@@ -7,8 +7,8 @@
 //!   burn-train works unchanged. Named as Accelerate's `DataLoaderShard`, so it does not
 //!   shadow Burn's `DataLoader` trait.
 //!
-//! The built-in datasets (digits, CIFAR-10) and image batcher are in
-//! [`demos`](crate::demos).
+//! The built-in datasets (digits, CIFAR-10) and image batcher are in the `afterburner-demos`
+//! crate.
 
 mod epoch;
 mod loader;

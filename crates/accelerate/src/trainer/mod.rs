@@ -10,8 +10,8 @@
 //! `Learner`).
 //!
 //! ```no_run
-//! # use afterburner::demos::{digits, ImageBatcher};
-//! # use afterburner::demos::models::VitConfig;
+//! # use afterburner_demos::{digits, ImageBatcher};
+//! # use afterburner_demos::models::VitConfig;
 //! # use afterburner::trainer::{Trainer, TrainingArguments};
 //! # use burn::train::metric::AccuracyMetric;
 //! # type B = burn::backend::Autodiff<burn::backend::Flex>;

@@ -3,9 +3,9 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use afterburner::demos::models::{Vit, VitConfig};
-use afterburner::demos::{ImageBatch, ImageBatcher, digits};
 use afterburner::{AccelerateError, Accelerator};
+use afterburner_demos::models::{Vit, VitConfig};
+use afterburner_demos::{ImageBatch, ImageBatcher, digits};
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
@@ -114,7 +114,7 @@ pub fn vit(seed: u64) -> Vit<B> {
 /// full parameters, optimizer steps and gradient all-reduces.
 pub fn train_96_digits(
     acc: &mut Accelerator<B>,
-    model: afterburner::demos::models::Vit<B>,
+    model: afterburner_demos::models::Vit<B>,
     batch: usize,
 ) -> Result<(Vec<f32>, u64, u64), AccelerateError> {
     let (mut model, mut optim) = acc.setup(model, SgdConfig::new().init())?;

@@ -1,8 +1,8 @@
-//! The demo models on the [`Trainer`](crate::trainer::Trainer): their training loss and
+//! The demo models on the [`Trainer`](afterburner::trainer::Trainer): their training loss and
 //! their evaluation output (burn-train's `ClassificationOutput`, which every classification
 //! metric reads; the language model's is one classification per byte).
 
-use afterburner_parallel::ParallelStrategy;
+use afterburner::ParallelStrategy;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
@@ -11,8 +11,8 @@ use burn::train::{ClassificationOutput, InferenceStep};
 use super::ImageBatch;
 use super::models::{Transformer, Vit};
 use super::text::TokenBatch;
-use crate::trainer::TrainLoss;
-use crate::{AccelerateError, Accelerator};
+use afterburner::trainer::TrainLoss;
+use afterburner::{AccelerateError, Accelerator};
 
 impl<B: AutodiffBackend, S: ParallelStrategy<B>> TrainLoss<B, ImageBatch<B>, S> for Vit<B> {
     fn train_loss(

@@ -11,9 +11,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::models::Transformer;
-use crate::AccelerateError;
+use afterburner::AccelerateError;
 
-const TEXT: &str = include_str!("../../data/eighty-days.txt");
+const TEXT: &str = include_str!("../data/eighty-days.txt");
 
 /// The built-in text (ASCII, about 33 KB).
 pub fn load() -> &'static str {

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::{ImageDataset, ImageItem};
-use crate::AccelerateError;
+use afterburner::AccelerateError;
 
 /// Image side length.
 pub const SIDE: usize = 32;

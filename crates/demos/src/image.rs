@@ -5,8 +5,8 @@ use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use crate::AccelerateError;
-use crate::rng::permutation;
+use afterburner::AccelerateError;
+use afterburner::rng::permutation;
 
 /// One labelled image, pixels in `[channels, height, width]` order, scaled to `0..=1`.
 #[derive(Debug, Clone, PartialEq)]

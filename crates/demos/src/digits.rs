@@ -9,9 +9,9 @@ use std::io::Read;
 use flate2::read::GzDecoder;
 
 use super::{ImageDataset, ImageItem};
-use crate::AccelerateError;
+use afterburner::AccelerateError;
 
-const DIGITS_GZ: &[u8] = include_bytes!("../../data/digits.csv.gz");
+const DIGITS_GZ: &[u8] = include_bytes!("../data/digits.csv.gz");
 
 /// Image side length.
 pub const SIDE: usize = 8;

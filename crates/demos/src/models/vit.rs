@@ -1,6 +1,6 @@
 //! A small Vision Transformer from Burn's own layers.
 
-use afterburner_checkpoint::Checkpointed;
+use afterburner::checkpoint::Checkpointed;
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};

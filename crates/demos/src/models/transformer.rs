@@ -3,7 +3,7 @@
 //! (the layer norms, the softmax, the GELU) are [`BlockKind::Cheap`] parts, which the
 //! `selective` policy recomputes while the matmul outputs stay saved.
 
-use afterburner_checkpoint::{BlockKind, Checkpointed, checkpoint};
+use afterburner::checkpoint::{BlockKind, Checkpointed, checkpoint};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};

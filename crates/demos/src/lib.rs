@@ -9,6 +9,8 @@
 //! - [`ImageItem`] / [`ImageDataset`] / [`ImageBatcher`]: labelled images, a Burn dataset of
 //!   them, and the Burn batcher to `[batch, channels, height, width]` tensors.
 
+#![warn(missing_docs)]
+
 pub mod cifar10;
 pub mod digits;
 mod image;
