@@ -13,7 +13,7 @@ F.conv2d, as nn.Linear / nn.LayerNorm / nn.Conv2d run them), then prints one JSO
     python3 autocast_error.py --weights FILE --dtype bfloat16|float16
 
 Models: "encoder" (Burn's TransformerEncoder, post-norm by default; loss sum(out * r)) and
-"vit" (crates/accelerate/src/demos/models/vit.rs: conv patches + position embedding, Burn's
+"vit" (crates/demos/src/models/vit.rs: conv patches + position embedding, Burn's
 pre-norm TransformerEncoderLayer blocks, LayerNorm, mean over tokens, Linear head;
 cross-entropy loss).
 """

@@ -9,7 +9,7 @@ It prints one JSON line: ms per step (forward, backward, optimizer step), the pe
 bytes during forward + backward above those live at the step's start (when the process runs
 under the bench's heap-counting preload shim, heapcount.so; null otherwise) and the final loss.
 
-The models match the Rust ones (crates/accelerate/src/demos/models): the 12-block GPT-style
+The models match the Rust ones (crates/demos/src/models): the 12-block GPT-style
 transformer (d_model 256, 4 heads, 4x GELU MLP, vocabulary 256, 64 tokens) and the ViT
 (6 pre-norm encoder layers, d_model 128, MLP 256, 4 heads, 2x2 patches of 8x8 one-channel
 images, mean pooling). AdamW (lr 1e-4), as the Rust side. Mixed precision is torch.autocast

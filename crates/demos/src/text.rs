@@ -1,6 +1,6 @@
 //! Built-in text for the character-level language model: chapters I-IV of Jules Verne's
 //! "Around the World in 80 Days" (Project Gutenberg eBook #103, public domain; see
-//! `crates/accelerate/data/README.md`), cut into windows as a Burn dataset, and sampling
+//! `crates/demos/data/README.md`), cut into windows as a Burn dataset, and sampling
 //! from a trained model.
 
 use burn::data::dataloader::batcher::Batcher;

@@ -54,6 +54,7 @@ mod sampler;
 mod shared;
 mod slow_link;
 mod strategy;
+mod votes;
 mod zero;
 
 pub use counted::{Counted, Traffic};
@@ -85,4 +86,5 @@ pub use sampler::{DistributedSampler, shard};
 pub use shared::SharedGroup;
 pub use slow_link::SlowLink;
 pub use strategy::{ForwardView, ParallelStrategy, SingleDevice, StateLayout, StrategyState};
+pub use votes::{broadcast_text, ranks_voting_yes, same_on_every_rank};
 pub use zero::{OptimizerSharding, Zero1};

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use afterburner_checkpoint::CheckpointPolicy;
-use afterburner_precision::Precision;
+use crate::checkpoint::CheckpointPolicy;
+use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 
 use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, SchedulerType};

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::TrainerState;
-use crate::state_files::is_state_dir;
+use crate::is_state_dir;
 use crate::{AccelerateError, StateParts};
 
 const PREFIX: &str = "checkpoint-";
@@ -158,7 +158,7 @@ where
     M: burn::module::AutodiffModule<B> + 'static,
     O: burn::optim::Optimizer<M, B>,
     L: burn::optim::lr_scheduler::LrScheduler,
-    S: afterburner_parallel::ParallelStrategy<B>,
+    S: crate::parallel::ParallelStrategy<B>,
 {
     StateParts::new()
         .model("model", model)

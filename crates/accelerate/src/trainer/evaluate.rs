@@ -1,8 +1,8 @@
 //! The Trainer's evaluation: the loss and every metric over the evaluation dataset, combined
 //! across ranks, and the best-metric and early-stopping bookkeeping after each evaluation.
 
-use afterburner_parallel::ParallelStrategy;
-use afterburner_precision::cast_module;
+use crate::parallel::ParallelStrategy;
+use crate::precision::cast_module;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::DType;
@@ -14,7 +14,7 @@ use super::EvalMetric;
 use super::metrics::metadata;
 use super::{EvalModel, Inner, Metrics, TrainLoss, Trainer, lost_model};
 use crate::AccelerateError;
-use crate::quiet::next_batch;
+use crate::data::next_batch;
 
 impl<B, M, I, TB, EB, EO, O, L, S> Trainer<B, M, I, TB, EB, EO, O, L, S>
 where

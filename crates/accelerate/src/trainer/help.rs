@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-pub(super) use crate::suggest::nearest;
+pub(super) use afterburner_accelerator::suggest::nearest;
 
 use crate::StrategyConfig;
 

@@ -44,7 +44,7 @@ mod state;
 
 use std::sync::Arc;
 
-use afterburner_parallel::ParallelStrategy;
+use crate::parallel::ParallelStrategy;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::module::AutodiffModule;

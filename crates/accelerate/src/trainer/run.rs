@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use afterburner_parallel::ParallelStrategy;
+use crate::parallel::ParallelStrategy;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
@@ -19,8 +19,8 @@ use super::{
     EvalModel, Flow, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss,
     TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
 };
+use crate::data::next_batch;
 use crate::parallel::ReduceOp;
-use crate::quiet::next_batch;
 use crate::{AccelerateError, StepOutcome};
 
 /// Where in the loop an event happens.

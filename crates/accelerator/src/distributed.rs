@@ -334,7 +334,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             )));
         }
         let steps = self.counters.optimizer_steps;
-        if !self.same_on_every_rank(&[steps as f64])? {
+        if !self.same_on_every_rank(&[steps])? {
             return Err(AccelerateError::RanksDisagree(format!(
                 "finish(): the ranks took different numbers of optimizer steps (this one {steps}); \
                  every rank must call it after the same steps"

@@ -6,9 +6,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::{ParallelStrategy, ReduceOp};
+use afterburner_parallel::{
+    ParallelStrategy, broadcast_text, ranks_voting_yes, same_on_every_rank,
+};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
 
 use crate::parts::StateParts;
 use crate::state::AcceleratorState;
@@ -78,7 +79,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         state: &AcceleratorState,
     ) -> Result<(), AccelerateError> {
         let c = state.counters;
-        let counters = [c.optimizer_steps, c.skipped_steps, c.micro_batches].map(|v| v as f64);
+        let counters = [c.optimizer_steps, c.skipped_steps, c.micro_batches];
         if !self.same_on_every_rank(&counters)? {
             return Err(AccelerateError::RanksDisagree(format!(
                 "load_state: the ranks' parts in {} come from different saves (their step \
@@ -103,28 +104,9 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         )
     }
 
-    /// Rank 0's `text` (`Some` there, ignored elsewhere) on every rank: its length, then its
-    /// bytes, by two broadcasts.
+    /// Rank 0's `text` (`Some` there, ignored elsewhere) on every rank.
     fn broadcast_text(&self, text: Option<&str>) -> Result<String, AccelerateError> {
-        let Some(group) = self.strategy.group() else {
-            return Ok(text.unwrap_or_default().to_string());
-        };
-        let root = self.is_main_process();
-        let mine = text.unwrap_or_default().as_bytes();
-        let device = &self.device;
-        let len = root.then(|| Tensor::from_floats([mine.len() as f32], device));
-        let len = group.broadcast(len, 0)?.into_scalar().elem::<f32>() as usize;
-        let bytes: Vec<f32> = mine.iter().map(|b| f32::from(*b)).collect();
-        let bytes = root.then(|| Tensor::from_floats(bytes.as_slice(), device));
-        let bytes = group.broadcast(bytes, 0)?.into_data().to_vec::<f32>();
-        let bytes: Vec<u8> = bytes.unwrap_or_default().iter().map(|b| *b as u8).collect();
-        match bytes.len() == len {
-            true => Ok(String::from_utf8_lossy(&bytes).into_owned()),
-            false => Err(AccelerateError::RanksDisagree(format!(
-                "a broadcast of {len} bytes arrived as {}",
-                bytes.len()
-            ))),
-        }
+        Ok(broadcast_text(self.strategy.group(), text, &self.device)?)
     }
 
     /// Errors unless `dir` is absent, or a real directory holding only rank directories
@@ -188,42 +170,18 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         Ok(())
     }
 
-    /// Whether every rank passed the same `values` (non-negative integers below 2^64; two small
-    /// all-reduces; true on one device): each rank checks that the sum over ranks is `world`
-    /// times its own values, and the ranks then agree on the verdict. Each value travels as
-    /// four 16-bit parts, so the f32 sums stay exact at any count and up to 256 ranks.
-    pub(crate) fn same_on_every_rank(&self, values: &[f64]) -> Result<bool, AccelerateError> {
-        let Some(group) = self.strategy.group() else {
-            return Ok(true);
-        };
-        let mine: Vec<f32> = values
-            .iter()
-            .flat_map(|v| {
-                let v = *v as u64;
-                [0, 16, 32, 48].map(|shift| ((v >> shift) & 0xFFFF) as f32)
-            })
-            .collect();
-        let tensor = Tensor::<B::InnerBackend, 1>::from_floats(mine.as_slice(), &self.device);
-        let sums = group.all_reduce(tensor, ReduceOp::Sum)?;
-        let sums = sums.into_data().to_vec::<f32>().unwrap_or_default();
-        let world = self.world_size() as f32;
-        let agree = sums.len() == mine.len()
-            && sums
-                .iter()
-                .zip(&mine)
-                .all(|(sum, v)| (sum - world * v).abs() < 0.5);
-        Ok(self.ranks_voting_yes(agree)? == self.world_size())
+    /// Whether every rank passed the same `values` (true on one device).
+    pub(crate) fn same_on_every_rank(&self, values: &[u64]) -> Result<bool, AccelerateError> {
+        Ok(same_on_every_rank(
+            self.strategy.group(),
+            values,
+            &self.device,
+        )?)
     }
 
-    /// How many ranks pass `yes` (one small all-reduce; this rank's vote on one device).
+    /// How many ranks pass `yes` (this rank's vote on one device).
     pub(crate) fn ranks_voting_yes(&self, yes: bool) -> Result<usize, AccelerateError> {
-        let Some(group) = self.strategy.group() else {
-            return Ok(usize::from(yes));
-        };
-        let vote =
-            Tensor::<B::InnerBackend, 1>::from_floats([f32::from(u8::from(yes))], &self.device);
-        let votes = group.all_reduce(vote, ReduceOp::Sum)?.into_scalar();
-        Ok(votes.elem::<f32>().round() as usize)
+        Ok(ranks_voting_yes(self.strategy.group(), yes, &self.device)?)
     }
 }
 

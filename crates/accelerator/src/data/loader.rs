@@ -23,7 +23,7 @@ pub const DEFAULT_PREFETCH: usize = 2;
 /// the current one; the batches are the same as without it.
 ///
 /// ```
-/// use afterburner::data::DataLoaderShard;
+/// use afterburner_accelerator::data::DataLoaderShard;
 /// use burn::backend::Flex;
 /// use burn::data::dataloader::batcher::Batcher;
 /// use burn::data::dataset::InMemDataset;
@@ -39,7 +39,7 @@ pub const DEFAULT_PREFETCH: usize = 2;
 /// let dataset = InMemDataset::new(vec![1, 2, 3, 4, 5]);
 /// let loader = DataLoaderShard::<Flex, _, _>::new(dataset, Sum, 2, Default::default())?;
 /// assert_eq!(loader.epoch(0).collect::<Vec<_>>(), [3, 7, 5]);
-/// # Ok::<(), afterburner::AccelerateError>(())
+/// # Ok::<(), afterburner_accelerator::AccelerateError>(())
 /// ```
 pub struct DataLoaderShard<B: Backend, I, O> {
     maker: BatchMaker<B, I, O>,

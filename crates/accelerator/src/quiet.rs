@@ -43,8 +43,6 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 /// The next batch of `batches`; a panic while making it (a batcher given items it cannot
 /// stack, like images of another size) is [`AccelerateError::BadData`] with its message.
-pub(crate) fn next_batch<T>(
-    batches: &mut impl Iterator<Item = T>,
-) -> Result<Option<T>, AccelerateError> {
+pub fn next_batch<T>(batches: &mut impl Iterator<Item = T>) -> Result<Option<T>, AccelerateError> {
     quietly(|| batches.next()).map_err(|panic| AccelerateError::BadData(panic_message(&*panic)))
 }

@@ -427,7 +427,7 @@ pub(crate) fn is_rank_dir_name(name: &str) -> bool {
 
 /// Whether `dir` holds a complete afterburner state: a manifest of its own (a replicated or
 /// gathered save) or rank directories with manifests (a sharded one).
-pub(crate) fn is_state_dir(dir: &Path) -> bool {
+pub fn is_state_dir(dir: &Path) -> bool {
     if is_our_state_dir(dir) {
         return true;
     }

@@ -34,7 +34,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             .map(|(n, _)| n + 1)
             .max()
             .unwrap_or(0);
-        if !self.same_on_every_rank(&[next as f64])? {
+        if !self.same_on_every_rank(&[next])? {
             return Err(AccelerateError::RanksDisagree(format!(
                 "save_checkpoint: the ranks see different checkpoints in {} (a shared file \
                  system is needed)",
@@ -64,8 +64,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             .filter(|(_, dir)| is_state_dir(dir))
             .collect();
         found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
-        let newest = found.first().map_or(0.0, |(n, _)| (*n + 1) as f64);
-        if !self.same_on_every_rank(&[found.len() as f64, newest])? {
+        let newest = found.first().map_or(0, |(n, _)| *n + 1);
+        if !self.same_on_every_rank(&[found.len() as u64, newest])? {
             return Err(AccelerateError::RanksDisagree(format!(
                 "load_checkpoint: the ranks see different checkpoints in {}",
                 root.display()

@@ -1,8 +1,9 @@
-//! The known name nearest to a mistyped one, for errors that say "did you mean ...?".
+//! The known name nearest to a mistyped one, for errors that say "did you mean ...?" (the
+//! strategy names here, the Trainer's options).
 
 /// The name in `known` nearest to a mistyped `name` (compared in kebab-case), when it is close
 /// enough to be a typo of it; returned in kebab-case.
-pub(crate) fn nearest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
+pub fn nearest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
     let name = name.replace('_', "-");
     known
         .into_iter()

@@ -29,7 +29,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         if self.strategy.loads_full_state() {
             let full = dir.join(MANIFEST).is_file();
             // Every rank must take the same path (each runs collectives).
-            if !self.same_on_every_rank(&[f64::from(u8::from(full))])? {
+            if !self.same_on_every_rank(&[u64::from(full)])? {
                 return Err(AccelerateError::RanksDisagree(format!(
                     "load_state: the ranks do not see the same state at {} (a full state on \
                      some, a sharded one on others)",
@@ -46,7 +46,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 true => Vec::new(),
                 false => saved_rank_dirs(dir),
             };
-            if !self.same_on_every_rank(&[saved.len() as f64])? {
+            if !self.same_on_every_rank(&[saved.len() as u64])? {
                 return Err(AccelerateError::RanksDisagree(format!(
                     "load_state: the ranks do not see the same sharded state at {}",
                     dir.display()

@@ -15,6 +15,7 @@ mod loader;
 mod prefetch;
 mod progress;
 
+pub use crate::quiet::next_batch;
 pub use epoch::EpochIter;
 pub use loader::{DEFAULT_PREFETCH, DataLoaderShard};
 pub use progress::DataProgress;
