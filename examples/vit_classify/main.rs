@@ -17,7 +17,9 @@
 #[path = "../minimal/backend.rs"]
 mod backend;
 
-use afterburner::trainer::{IntervalStrategy, SchedulerType, Trainer, TrainingArguments};
+use afterburner::trainer::{
+    Components, IntervalStrategy, SchedulerType, Trainer, TrainingArguments,
+};
 use afterburner::weights::Layout;
 use afterburner::{AccelerateError, Accelerator};
 use afterburner_demos::models::{Vit, VitConfig};
@@ -121,8 +123,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The Trainer of this example (one rank's under a distributed strategy).
-type VitTrainer =
-    Trainer<B, Vit<B>, ImageItem, ImageBatch<B>, ImageBatch<Inner>, ClassificationOutput<Inner>>;
+type VitTrainer = Trainer<
+    Components<B, Vit<B>, ImageItem, ImageBatch<B>, ImageBatch<Inner>, ClassificationOutput<Inner>>,
+>;
 
 /// The inner (evaluation) backend.
 type Inner = <B as AutodiffBackend>::InnerBackend;

@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use afterburner::trainer::{
-    Flow, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments,
+    Components, Flow, IntervalStrategy, Trainer, TrainerCallback, TrainerState, TrainingArguments,
     checkpoint_dir,
 };
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
@@ -20,8 +20,9 @@ use burn::train::ClassificationOutput;
 use common::{B, BATCHER, cross_entropy, flatten, params, rng_lock, vit};
 use signal_hook::consts::SIGTERM;
 
-type DigitsTrainer =
-    Trainer<B, Vit<B>, ImageItem, ImageBatch<B>, ImageBatch<Flex>, ClassificationOutput<Flex>>;
+type DigitsTrainer = Trainer<
+    Components<B, Vit<B>, ImageItem, ImageBatch<B>, ImageBatch<Flex>, ClassificationOutput<Flex>>,
+>;
 
 fn out_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("afterburner-stop-{name}-{}", std::process::id()));

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use afterburner::trainer::{
-    HfSchedule, IntervalStrategy, SchedulerType, TrainLoss, Trainer, TrainingArguments,
+    Components, HfSchedule, IntervalStrategy, SchedulerType, TrainLoss, Trainer, TrainingArguments,
     checkpoint_dir, list_checkpoints,
 };
 use afterburner::{Accelerator, StrategyConfig};
@@ -46,12 +46,14 @@ fn small_args(name: &str) -> TrainingArguments {
 }
 
 type DigitsTrainer = Trainer<
-    B,
-    Vit<B>,
-    afterburner_demos::ImageItem,
-    afterburner_demos::ImageBatch<B>,
-    afterburner_demos::ImageBatch<burn::backend::Flex>,
-    burn::train::ClassificationOutput<burn::backend::Flex>,
+    Components<
+        B,
+        Vit<B>,
+        afterburner_demos::ImageItem,
+        afterburner_demos::ImageBatch<B>,
+        afterburner_demos::ImageBatch<burn::backend::Flex>,
+        burn::train::ClassificationOutput<burn::backend::Flex>,
+    >,
 >;
 
 fn trainer(args: TrainingArguments, seed: u64) -> DigitsTrainer {

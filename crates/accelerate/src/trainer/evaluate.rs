@@ -1,34 +1,20 @@
 //! The Trainer's evaluation: the loss and every metric over the evaluation dataset, combined
 //! across ranks, and the best-metric and early-stopping bookkeeping after each evaluation.
 
-use crate::parallel::ParallelStrategy;
 use crate::precision::cast_module;
-use burn::optim::Optimizer;
-use burn::optim::lr_scheduler::LrScheduler;
+use burn::module::AutodiffModule;
 use burn::tensor::DType;
-use burn::tensor::backend::AutodiffBackend;
 use burn::train::InferenceStep;
-use burn::train::metric::{Adaptor, LossInput, LossMetric, Metric};
+use burn::train::metric::{Adaptor, LossMetric, Metric};
 
 use super::EvalMetric;
+use super::TrainerTypes;
 use super::metrics::metadata;
-use super::{EvalModel, Inner, Metrics, TrainLoss, Trainer, lost_model};
+use super::{Inner, Metrics, Trainer, lost_model};
 use crate::AccelerateError;
 use crate::data::next_batch;
 
-impl<B, M, I, TB, EB, EO, O, L, S> Trainer<B, M, I, TB, EB, EO, O, L, S>
-where
-    B: AutodiffBackend,
-    M: TrainLoss<B, TB, S> + 'static,
-    EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
-    I: Send + Sync + 'static,
-    TB: Send + 'static,
-    EB: Send + 'static,
-    EO: Adaptor<LossInput<Inner<B>>> + 'static,
-    O: Optimizer<M, B>,
-    L: LrScheduler,
-    S: ParallelStrategy<B>,
-{
+impl<T: TrainerTypes> Trainer<T> {
     /// Evaluates, records the metrics, and tracks the best metric and early stopping.
     pub(super) fn evaluate_and_track(&mut self) -> Result<Metrics, AccelerateError> {
         let metrics = self.evaluate()?;
@@ -94,9 +80,9 @@ where
             let in_batch = per_batch.min(total - i * per_batch);
             items += in_batch;
             let meta = metadata(items, total, self.state.global_step);
-            let mut loss = LossMetric::<Inner<B>>::new();
+            let mut loss = LossMetric::<Inner<T::Backend>>::new();
             Metric::update(&mut loss, &output.adapt(), &meta);
-            loss_sum += EvalMetric::<EO>::value(&loss).0 * in_batch as f64;
+            loss_sum += EvalMetric::<T::EvalOutput>::value(&loss).0 * in_batch as f64;
             for metric in &mut self.metrics {
                 metric.update(&output, &meta);
             }

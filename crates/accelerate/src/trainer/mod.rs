@@ -41,6 +41,7 @@ mod output;
 mod run;
 mod schedule;
 mod state;
+mod types;
 
 use std::sync::Arc;
 
@@ -67,6 +68,7 @@ pub use metrics::{EvalMetric, MetricSet};
 pub use optim::{ArgsOptimizer, ArgsState, ArgsStateItem, HfOptimizer, optimizer_from_args};
 pub use schedule::HfSchedule;
 pub use state::{LogEntry, Metrics, TrainSummary, TrainerState};
+pub use types::{Components, TrainerAccelerator, TrainerTypes, WithOptimizers};
 
 use crate::data::DataLoaderShard;
 use crate::{AccelerateError, Accelerator, AnyStrategy};
@@ -110,37 +112,32 @@ pub trait TrainLoss<B: AutodiffBackend, Batch, S: ParallelStrategy<B> = AnyStrat
 type EvalModel<B, M> = <M as AutodiffModule<B>>::InnerModule;
 /// The evaluation backend of a Trainer.
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+/// The loader of a Trainer's evaluation batches.
+type EvalLoader<T> = DataLoaderShard<
+    Inner<<T as TrainerTypes>::Backend>,
+    <T as TrainerTypes>::Item,
+    <T as TrainerTypes>::EvalBatch,
+>;
 
-/// HF's `Trainer` for a Burn model `M` trained on batches `TB` (from items `I`) and
-/// evaluated on batches `EB` whose outputs `EO` feed the metrics, stepped by the optimizer `O`
-/// and the LR scheduler `L` (by default the ones the arguments name: [`HfOptimizer`],
-/// [`HfSchedule`]; any Burn optimizer and scheduler through
-/// [`with_optimizers`](Self::with_optimizers)), spread over devices by the strategy `S` (the
-/// built-in [`AnyStrategy`], or a user's own through [`on`](Self::on) with an Accelerator of
-/// that strategy).
-pub struct Trainer<
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    I,
-    TB,
-    EB,
-    EO,
-    O = HfOptimizer<M, B>,
-    L = HfSchedule,
-    S: ParallelStrategy<B> = AnyStrategy<B>,
-> {
-    acc: Accelerator<B, S>,
+/// HF's `Trainer` for a Burn model, its types bundled in `T` ([`Components`]: the backend, the
+/// model, the items and batches, the optimizer and LR scheduler, by default the ones the
+/// arguments name ([`HfOptimizer`], [`HfSchedule`]; any Burn optimizer and scheduler through
+/// [`with_optimizers`](Self::with_optimizers)), and the strategy, by default the built-in
+/// [`AnyStrategy`], or a user's own through [`on`](Self::on) with an Accelerator of that
+/// strategy).
+pub struct Trainer<T: TrainerTypes> {
+    acc: TrainerAccelerator<T>,
     args: TrainingArguments,
-    model: Option<M>,
-    optim: O,
-    schedule: L,
+    model: Option<T::Model>,
+    optim: T::Optimizer,
+    schedule: T::Scheduler,
     /// The learning rate of the last optimizer step (logged as `learning_rate`).
     last_lr: Option<f64>,
-    train: DataLoaderShard<B, I, TB>,
+    train: DataLoaderShard<T::Backend, T::Item, T::TrainBatch>,
     /// This rank's share of the evaluation data (`None` when it has no item).
-    eval: Option<DataLoaderShard<Inner<B>, I, EB>>,
+    eval: Option<EvalLoader<T>>,
     epochs: usize,
-    metrics: Vec<Box<dyn EvalMetric<EO>>>,
+    metrics: Vec<Box<dyn EvalMetric<T::EvalOutput>>>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
     state: TrainerState,
     log: RunLog,
@@ -148,7 +145,7 @@ pub struct Trainer<
     saved_at: Option<u64>,
 }
 
-impl<B, M, I, TB, EB, EO> Trainer<B, M, I, TB, EB, EO>
+impl<B, M, I, TB, EB, EO> Trainer<Components<B, M, I, TB, EB, EO>>
 where
     B: AutodiffBackend,
     M: TrainLoss<B, TB> + 'static,
@@ -187,7 +184,8 @@ where
     }
 }
 
-impl<B, M, I, TB, EB, EO, S> Trainer<B, M, I, TB, EB, EO, HfOptimizer<M, B>, HfSchedule, S>
+impl<B, M, I, TB, EB, EO, S>
+    Trainer<Components<B, M, I, TB, EB, EO, HfOptimizer<M, B>, HfSchedule, S>>
 where
     B: AutodiffBackend,
     M: TrainLoss<B, TB, S> + 'static,
@@ -296,19 +294,7 @@ where
     }
 }
 
-impl<B, M, I, TB, EB, EO, O, L, S> Trainer<B, M, I, TB, EB, EO, O, L, S>
-where
-    B: AutodiffBackend,
-    M: TrainLoss<B, TB, S> + 'static,
-    EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
-    I: Send + Sync + 'static,
-    TB: Send + 'static,
-    EB: Send + 'static,
-    EO: Adaptor<LossInput<Inner<B>>> + 'static,
-    O: Optimizer<M, B>,
-    L: LrScheduler,
-    S: ParallelStrategy<B>,
-{
+impl<T: TrainerTypes> Trainer<T> {
     /// This Trainer stepping with `optimizer` and `scheduler` instead of the ones the
     /// arguments name, like HF's `Trainer(optimizers=(optimizer, scheduler))`: any Burn
     /// optimizer (`SgdConfig::new().with_momentum(..).init()`, `AdamConfig`, a user's own)
@@ -319,9 +305,9 @@ where
         self,
         optimizer: O2,
         scheduler: L2,
-    ) -> Trainer<B, M, I, TB, EB, EO, O2, L2, S>
+    ) -> Trainer<WithOptimizers<T, O2, L2>>
     where
-        O2: Optimizer<M, B>,
+        O2: Optimizer<T::Model, T::Backend>,
         L2: LrScheduler,
     {
         Trainer {
@@ -346,7 +332,7 @@ where
     /// `(AccuracyMetric::new(), TopKAccuracyMetric::new(2))`; each is reported as
     /// `eval_<name>`. The loss is always reported, as `eval_loss`, per item (HF's way; a
     /// `LossMetric` given here is left out: burn-train's weighs every batch the same).
-    pub fn with_metrics(mut self, metrics: impl MetricSet<EO>) -> Self {
+    pub fn with_metrics(mut self, metrics: impl MetricSet<T::EvalOutput>) -> Self {
         for metric in metrics.into_boxed() {
             let key = metric.key();
             if key == "eval_loss" {
@@ -366,7 +352,7 @@ where
 
     /// The model (the best one after training with `load_best_model_at_end`). Under FSDP
     /// this rank's shard: see [`Accelerator::full_model`].
-    pub fn model(&self) -> Result<&M, AccelerateError> {
+    pub fn model(&self) -> Result<&T::Model, AccelerateError> {
         self.model.as_ref().ok_or_else(lost_model)
     }
 
@@ -386,12 +372,12 @@ where
     }
 
     /// The trained model, and the Accelerator that holds its strategy.
-    pub fn into_parts(self) -> Result<(M, Accelerator<B, S>), AccelerateError> {
+    pub fn into_parts(self) -> Result<(T::Model, TrainerAccelerator<T>), AccelerateError> {
         Ok((self.model.ok_or_else(lost_model)?, self.acc))
     }
 
     /// The Accelerator every step runs through.
-    pub fn accelerator(&self) -> &Accelerator<B, S> {
+    pub fn accelerator(&self) -> &TrainerAccelerator<T> {
         &self.acc
     }
 
@@ -406,7 +392,7 @@ where
     }
 
     /// The learning-rate scheduler.
-    pub fn schedule(&self) -> &L {
+    pub fn schedule(&self) -> &T::Scheduler {
         &self.schedule
     }
 }

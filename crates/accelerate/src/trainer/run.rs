@@ -4,20 +4,16 @@
 use std::path::PathBuf;
 
 use crate::parallel::ParallelStrategy;
-use burn::optim::Optimizer;
-use burn::optim::lr_scheduler::LrScheduler;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor, TensorData};
-use burn::train::InferenceStep;
-use burn::train::metric::{Adaptor, LossInput};
 
+use super::TrainerTypes;
 use super::checkpoints::{
     all_but_best, checkpoint_dir, checkpoint_parts, checkpoints_to_delete, delete_checkpoints,
     list_checkpoints, relocate_best, warn_of_another_run,
 };
 use super::{
-    EvalModel, Flow, Inner, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss,
-    TrainSummary, Trainer, TrainerState, lost_model, resolve_checkpoint,
+    Flow, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss, TrainSummary, Trainer,
+    TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::data::next_batch;
 use crate::parallel::ReduceOp;
@@ -30,19 +26,7 @@ enum At {
     EpochEnd,
 }
 
-impl<B, M, I, TB, EB, EO, O, L, S> Trainer<B, M, I, TB, EB, EO, O, L, S>
-where
-    B: AutodiffBackend,
-    M: TrainLoss<B, TB, S> + 'static,
-    EvalModel<B, M>: InferenceStep<Input = EB, Output = EO>,
-    I: Send + Sync + 'static,
-    TB: Send + 'static,
-    EB: Send + 'static,
-    EO: Adaptor<LossInput<Inner<B>>> + 'static,
-    O: Optimizer<M, B>,
-    L: LrScheduler,
-    S: ParallelStrategy<B>,
-{
+impl<T: TrainerTypes> Trainer<T> {
     /// Trains for `max_steps` optimizer steps (or `num_train_epochs` epochs), resuming first
     /// when `resume_from_checkpoint` is set; logs, evaluates and saves at the arguments'
     /// points; stops early when a callback asks; reloads the best model at the end when
@@ -140,7 +124,11 @@ where
     /// back-propagated: the Accelerator divided them by the cycle's micro-batches and, under
     /// DDP-like strategies, averaged over the ranks; this makes it a division by the items of
     /// the whole cycle on every rank.
-    fn normalise_per_item(&mut self, model: &M, items: usize) -> Result<(), AccelerateError> {
+    fn normalise_per_item(
+        &mut self,
+        model: &T::Model,
+        items: usize,
+    ) -> Result<(), AccelerateError> {
         let micro = self.acc.pending_micro_batches() as f64;
         let (items, ranks) = match self.acc.strategy().averages_gradients() {
             true => {
@@ -409,7 +397,7 @@ where
             return Ok(values);
         }
         let len = values.len();
-        let tensor = Tensor::<B, 1>::from_data(
+        let tensor = Tensor::<T::Backend, 1>::from_data(
             TensorData::new(values.iter().map(|v| *v as f32).collect(), [len]),
             self.acc.device(),
         );
