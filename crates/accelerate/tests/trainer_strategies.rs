@@ -291,3 +291,24 @@ fn a_registered_strategy_is_chosen_by_the_trainers_command_line() {
     }
     assert!(register_strategy::<B, Impostor>().is_err());
 }
+
+#[test]
+fn an_accelerator_built_with_other_strategy_options_is_refused_by_name() {
+    let args = defaults("mismatch")
+        .with_args(["--strategy", "diloco", "--diloco.sync-every", "7"], &[])
+        .unwrap()
+        .0;
+    // Built from the arguments but with another `sync_every`: the Trainer would not run
+    // what the arguments say.
+    let mut config = args.accelerator_config();
+    config.strategy = StrategyConfig::from_name("diloco").unwrap();
+    let _rng = rng_lock();
+    let model = vit(5);
+    let err = Accelerator::<B>::run(config, move |acc| {
+        let (train, eval) = data();
+        Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER).map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("'strategy'"), "{err}");
+}

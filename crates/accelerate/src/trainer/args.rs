@@ -264,6 +264,16 @@ impl TrainingArguments {
     /// The Accelerator settings these arguments ask for.
     pub fn accelerator_config(&self) -> AcceleratorConfig {
         AcceleratorConfig {
+            devices: self.devices,
+            ..self.apply_to(AcceleratorConfig::default())
+        }
+    }
+
+    /// `base` with every setting these arguments own for training put in (all but
+    /// `devices`, which says how many ranks start): the one list of what the arguments
+    /// decide in the Accelerator, used to build its config and to check one built elsewhere.
+    pub fn apply_to(&self, base: AcceleratorConfig) -> AcceleratorConfig {
+        AcceleratorConfig {
             precision: self.effective_precision(),
             autocast: self.autocast,
             gradient_accumulation_steps: self.gradient_accumulation_steps,
@@ -271,9 +281,8 @@ impl TrainingArguments {
             seed: self.seed,
             gradient_checkpointing: self.gradient_checkpointing,
             strategy: self.strategy.clone(),
-            devices: self.devices,
             stop_on_signal: self.stop_on_signal,
-            ..AcceleratorConfig::default()
+            ..base
         }
     }
 

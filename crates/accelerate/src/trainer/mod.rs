@@ -416,34 +416,31 @@ fn plan(args: &TrainingArguments, batches_per_epoch: usize) -> (usize, usize) {
     (max_steps, max_steps.div_ceil(updates_per_epoch))
 }
 
-/// Errors unless `acc` was built from `args.accelerator_config()` (in what training uses).
+/// Errors unless `acc` was built with every setting `args` owns ([`TrainingArguments::apply_to`]
+/// changes nothing of its config), naming the first that differs.
 fn check_same_config<B: AutodiffBackend, S: ParallelStrategy<B>>(
     acc: &Accelerator<B, S>,
     args: &TrainingArguments,
 ) -> Result<(), AccelerateError> {
-    let want = args.accelerator_config();
     let have = acc.config();
-    let differs = [
-        ("precision", want.precision != have.precision),
-        ("autocast", want.autocast != have.autocast),
-        (
-            "gradient_accumulation_steps",
-            want.gradient_accumulation_steps != have.gradient_accumulation_steps,
-        ),
-        ("max_grad_norm", want.max_grad_norm != have.max_grad_norm),
-        ("seed", want.seed != have.seed),
-        (
-            "gradient_checkpointing",
-            want.gradient_checkpointing != have.gradient_checkpointing,
-        ),
-        ("strategy", want.strategy != have.strategy),
-    ];
-    match differs.iter().find(|(_, differs)| *differs) {
-        Some((key, _)) => Err(AccelerateError::argument(
-            *key,
-            "a value the Accelerator was not built with",
-            "the Accelerator built from args.accelerator_config()",
-        )),
-        None => Ok(()),
+    let want = args.apply_to(have.clone());
+    if want == *have {
+        return Ok(());
     }
+    let table = |c: &crate::AcceleratorConfig| match serde_json::to_value(c) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let (want, have) = (table(&want), table(have));
+    let key = want
+        .iter()
+        .find(|(key, value)| have.get(*key) != Some(value))
+        .map_or("the Accelerator's config".to_string(), |(key, _)| {
+            key.clone()
+        });
+    Err(AccelerateError::argument(
+        key,
+        "a value the Accelerator was not built with",
+        "the Accelerator built from args.accelerator_config()",
+    ))
 }
