@@ -214,6 +214,7 @@ fn strategies() -> Vec<String> {
             .unwrap_or_default();
         for (key, default) in options {
             let default = match default {
+                Value::Null => "unset".to_string(),
                 Value::String(s) => s,
                 other => other.to_string(),
             };
