@@ -1,168 +1,213 @@
 //! The string-valued choices of `TrainingArguments`: when events happen, how the loss is
-//! normalised, which learning-rate schedule; each parses HF's spellings.
-
-use std::fmt;
-use std::str::FromStr;
+//! normalised, which learning-rate schedule, which optimizer. Each variant's spellings are
+//! written once, in its `strum` attribute (`to_string` the one printed): parsing (any case),
+//! printing, the error's list of values and `--help` all read them.
 
 use serde_with::{DeserializeFromStr, SerializeDisplay};
-
-/// When something (evaluation, logging, saving) happens, as in HF.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
-pub enum IntervalStrategy {
-    /// Never.
-    #[default]
-    No,
-    /// Every N optimizer steps.
-    Steps,
-    /// At the end of every epoch.
-    Epoch,
-}
-
-impl fmt::Display for IntervalStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::No => "no",
-            Self::Steps => "steps",
-            Self::Epoch => "epoch",
-        })
-    }
-}
+use strum::{EnumIter, EnumMessage, EnumString, IntoEnumIterator};
 
 /// A string that is none of a setting's values.
 #[derive(Debug, thiserror::Error)]
 #[error("'{given}' is not one of: {valid}")]
 pub struct UnknownValue {
     given: String,
-    valid: &'static str,
+    valid: String,
 }
 
-impl FromStr for IntervalStrategy {
-    type Err = UnknownValue;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "no" => Ok(Self::No),
-            "steps" => Ok(Self::Steps),
-            "epoch" => Ok(Self::Epoch),
-            _ => Err(UnknownValue {
-                given: s.into(),
-                valid: "no, steps, epoch",
-            }),
+impl UnknownValue {
+    /// The error for `given`, listing `E`'s values.
+    fn of<E: Spelled>(given: &str) -> Self {
+        Self {
+            given: given.into(),
+            valid: E::values(),
         }
     }
+}
+
+/// A choice whose variants list their spellings.
+pub(super) trait Spelled: IntoEnumIterator + EnumMessage + std::fmt::Display {
+    /// Every value as printed, its other spellings in parentheses: `adamw (adamw_torch), sgd`.
+    fn values() -> String {
+        let each = Self::iter().map(|value| {
+            let printed = value.to_string();
+            let others: Vec<&str> = value
+                .get_serializations()
+                .iter()
+                .copied()
+                .filter(|name| *name != printed)
+                .collect();
+            match others.is_empty() {
+                true => printed,
+                false => format!("{printed} ({})", others.join(", ")),
+            }
+        });
+        each.collect::<Vec<_>>().join(", ")
+    }
+}
+
+impl<E: IntoEnumIterator + EnumMessage + std::fmt::Display> Spelled for E {}
+
+/// When something (evaluation, logging, saving) happens, as in HF.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    EnumString,
+    EnumIter,
+    EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = UnknownValue,
+    parse_err_fn = UnknownValue::of::<Self>
+)]
+pub enum IntervalStrategy {
+    /// Never.
+    #[default]
+    #[strum(to_string = "no")]
+    No,
+    /// Every N optimizer steps.
+    #[strum(to_string = "steps")]
+    Steps,
+    /// At the end of every epoch.
+    #[strum(to_string = "epoch")]
+    Epoch,
 }
 
 /// How the loss is normalised over an accumulation cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    EnumString,
+    EnumIter,
+    EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = UnknownValue,
+    parse_err_fn = UnknownValue::of::<Self>
+)]
 pub enum LossNormalization {
     /// The mean of the micro-batches' mean losses.
     #[default]
+    #[strum(to_string = "batch-mean", serialize = "batch_mean")]
     BatchMean,
     /// The cycle's summed loss divided by its number of items, across ranks.
+    #[strum(to_string = "per-item", serialize = "per_item")]
     PerItem,
 }
 
-impl fmt::Display for LossNormalization {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::BatchMean => "batch-mean",
-            Self::PerItem => "per-item",
-        })
-    }
-}
-
-impl FromStr for LossNormalization {
-    type Err = UnknownValue;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
-            "batch-mean" => Ok(Self::BatchMean),
-            "per-item" => Ok(Self::PerItem),
-            _ => Err(UnknownValue {
-                given: s.into(),
-                valid: "batch-mean, per-item",
-            }),
-        }
-    }
-}
-
 /// The learning-rate schedule, with HF's formulas (see [`HfSchedule`](super::HfSchedule)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    EnumString,
+    EnumIter,
+    EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = UnknownValue,
+    parse_err_fn = UnknownValue::of::<Self>
+)]
 pub enum SchedulerType {
     /// Linear warmup from 0, then linear decay to 0 at the last step.
     #[default]
+    #[strum(to_string = "linear")]
     Linear,
     /// Linear warmup, then half a cosine down to 0 at the last step.
+    #[strum(to_string = "cosine")]
     Cosine,
     /// The same learning rate throughout (no warmup).
+    #[strum(to_string = "constant")]
     Constant,
     /// Linear warmup, then constant.
+    #[strum(to_string = "constant_with_warmup", serialize = "constant-with-warmup")]
     ConstantWithWarmup,
-}
-
-impl fmt::Display for SchedulerType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Linear => "linear",
-            Self::Cosine => "cosine",
-            Self::Constant => "constant",
-            Self::ConstantWithWarmup => "constant_with_warmup",
-        })
-    }
-}
-
-impl FromStr for SchedulerType {
-    type Err = UnknownValue;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-            "linear" => Ok(Self::Linear),
-            "cosine" => Ok(Self::Cosine),
-            "constant" => Ok(Self::Constant),
-            "constant_with_warmup" => Ok(Self::ConstantWithWarmup),
-            _ => Err(UnknownValue {
-                given: s.into(),
-                valid: "linear, cosine, constant, constant_with_warmup",
-            }),
-        }
-    }
 }
 
 /// The optimizer `Trainer::new` builds (HF's `optim`); for any other, hand yours to
 /// [`Trainer::with_optimizers`](super::Trainer::with_optimizers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    EnumString,
+    EnumIter,
+    EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = UnknownValue,
+    parse_err_fn = UnknownValue::of::<Self>
+)]
 pub enum OptimizerType {
     /// AdamW (decoupled weight decay): "adamw", HF's "adamw_torch" (the default).
     #[default]
+    #[strum(
+        to_string = "adamw",
+        serialize = "adamw_torch",
+        serialize = "adamw-torch"
+    )]
     AdamW,
     /// Adam, `weight_decay` as an L2 penalty on the gradient (torch.optim.Adam's): "adam".
+    #[strum(to_string = "adam")]
     Adam,
     /// Plain SGD, `weight_decay` as an L2 penalty: "sgd".
+    #[strum(to_string = "sgd")]
     Sgd,
 }
 
-impl fmt::Display for OptimizerType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::AdamW => "adamw",
-            Self::Adam => "adam",
-            Self::Sgd => "sgd",
-        })
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl FromStr for OptimizerType {
-    type Err = UnknownValue;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-            "adamw" | "adamw_torch" => Ok(Self::AdamW),
-            "adam" => Ok(Self::Adam),
-            "sgd" => Ok(Self::Sgd),
-            _ => Err(UnknownValue {
-                given: s.into(),
-                valid: "adamw (adamw_torch), adam, sgd",
-            }),
+    #[test]
+    fn every_spelling_parses_and_the_first_prints() {
+        fn check<E: Spelled + std::str::FromStr + PartialEq + Copy>() {
+            for value in E::iter() {
+                let names = value.get_serializations();
+                assert!(names.contains(&value.to_string().as_str()), "{names:?}");
+                for name in names {
+                    let upper = name.to_ascii_uppercase();
+                    assert!(matches!(upper.parse::<E>(), Ok(v) if v == value), "{name}");
+                }
+            }
         }
+        check::<IntervalStrategy>();
+        check::<LossNormalization>();
+        check::<SchedulerType>();
+        check::<OptimizerType>();
+        let err = "adam_w".parse::<OptimizerType>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "'adam_w' is not one of: adamw (adamw_torch, adamw-torch), adam, sgd"
+        );
     }
 }

@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 pub(super) use afterburner_accelerator::suggest::nearest;
 
+use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, SchedulerType, Spelled};
 use crate::StrategyConfig;
 
 /// One line per `TrainingArguments` key: what it sets and, where the values are a set, which.
@@ -30,7 +31,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "per_device_eval_batch_size",
         "items per evaluation batch on each device",
     ),
-    ("optim", "the optimizer: adamw (adamw_torch), adam, sgd"),
+    ("optim", "the optimizer"),
     ("learning_rate", "peak learning rate"),
     (
         "weight_decay",
@@ -43,10 +44,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "max_grad_norm",
         "clip the global gradient norm to this (0: no clipping)",
     ),
-    (
-        "lr_scheduler_type",
-        "learning-rate schedule: linear, cosine, constant, constant_with_warmup",
-    ),
+    ("lr_scheduler_type", "learning-rate schedule"),
     (
         "warmup_steps",
         "optimizer steps of linear warmup (below 1: a share of all steps)",
@@ -59,10 +57,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "gradient_accumulation_steps",
         "micro-batches per optimizer step",
     ),
-    (
-        "loss_normalization",
-        "loss over an accumulation cycle: batch-mean, per-item",
-    ),
+    ("loss_normalization", "loss over an accumulation cycle"),
     (
         "precision",
         "precision: 32-true, bf16-mixed, 16-mixed, bf16-true, 16-true",
@@ -77,15 +72,12 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "gradient_checkpointing",
         "activation checkpointing: false, true, every-<k>, selective, balanced",
     ),
-    ("eval_strategy", "when to evaluate: no, steps, epoch"),
+    ("eval_strategy", "when to evaluate"),
     (
         "eval_steps",
         "evaluate every this many optimizer steps (below 1: a share)",
     ),
-    (
-        "logging_strategy",
-        "when to log the training loss: no, steps, epoch",
-    ),
+    ("logging_strategy", "when to log the training loss"),
     (
         "logging_steps",
         "log every this many optimizer steps (below 1: a share)",
@@ -94,10 +86,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "logging_first_step",
         "also log after the first optimizer step",
     ),
-    (
-        "save_strategy",
-        "when to save a checkpoint: no, steps, epoch",
-    ),
+    ("save_strategy", "when to save a checkpoint"),
     (
         "save_steps",
         "save every this many optimizer steps (below 1: a share)",
@@ -168,7 +157,10 @@ pub(super) fn help(defaults: &Map<String, Value>, extra: &[&str]) -> String {
             Value::Number(_) => " N".into(),
             _ => " VALUE".into(),
         };
-        let described = description(key).unwrap_or("");
+        let described = match (description(key), values(key)) {
+            (Some(text), Some(values)) => format!("{text}: {values}"),
+            (text, _) => text.unwrap_or_default().to_string(),
+        };
         let default = match default {
             Value::Null => "unset".to_string(),
             Value::String(s) => s.clone(),
@@ -225,6 +217,17 @@ fn strategies() -> Vec<String> {
     lines
 }
 
+/// The values of a choice-valued `key`, from its enum.
+fn values(key: &str) -> Option<String> {
+    Some(match key {
+        "optim" => OptimizerType::values(),
+        "lr_scheduler_type" => SchedulerType::values(),
+        "loss_normalization" => LossNormalization::values(),
+        "eval_strategy" | "logging_strategy" | "save_strategy" => IntervalStrategy::values(),
+        _ => return None,
+    })
+}
+
 /// The one-line description of `key` (snake_case).
 pub(super) fn description(key: &str) -> Option<&'static str> {
     DESCRIPTIONS
@@ -254,7 +257,11 @@ mod tests {
 
     #[test]
     fn every_strategy_and_its_options_are_in_the_help() {
-        let text = help(&Map::new(), &[]);
+        let defaults = match serde_json::to_value(TrainingArguments::default()) {
+            Ok(Value::Object(map)) => map,
+            _ => panic!("TrainingArguments is a table"),
+        };
+        let text = help(&defaults, &[]);
         for name in StrategyConfig::names() {
             assert!(
                 text.contains(&format!("  {name}: ")),
