@@ -163,7 +163,7 @@ fn strategy_options_on_the_command_line_are_checked_by_name() {
     );
     let err = parse(&["--strategy", "ddp", "--diloco.sync-every", "7"]);
     assert!(
-        err.contains("the strategy is ddp") && err.contains("--strategy diloco"),
+        err.contains("but the strategy is ddp (give --strategy diloco)"),
         "{err}"
     );
     let err = parse(&["--ddp.bucket", "7"]);

@@ -145,7 +145,7 @@ impl TrainingArguments {
             Some((Err(e), _)) => return Err(e),
             None => {}
         }
-        strategy_options.keep_file_options(&merged, &mut overrides);
+        StrategyOptions::keep_file_options(&merged, &mut overrides);
         merged.extend(overrides);
         strategy_options.apply(&mut merged)?;
         let args = Self::from_value(Value::Object(merged)).map_err(|e| match e {
@@ -207,7 +207,7 @@ impl StrategyOptions {
 
     /// Keeps the file's options table when the command line names the same strategy with
     /// `--strategy` alone (`--strategy diloco` over a file's `[strategy.diloco]`).
-    fn keep_file_options(&self, merged: &Map<String, Value>, overrides: &mut Map<String, Value>) {
+    fn keep_file_options(merged: &Map<String, Value>, overrides: &mut Map<String, Value>) {
         let name_of = |v: &Value| {
             StrategyConfig::from_value(v.clone())
                 .ok()
@@ -215,8 +215,8 @@ impl StrategyOptions {
         };
         if let (Some(file @ Value::Object(_)), Some(given @ Value::String(_))) =
             (merged.get("strategy"), overrides.get("strategy"))
-            && name_of(file).is_some()
-            && name_of(file) == name_of(given)
+            && let Some(name) = name_of(file)
+            && Some(name) == name_of(given)
         {
             overrides.remove("strategy");
         }
@@ -241,7 +241,8 @@ impl StrategyOptions {
                 return Err(AccelerateError::InvalidArgument {
                     key: typed_as,
                     reason: format!(
-                        "an option of strategy {strategy}, but the strategy is {}                          (give --strategy {strategy})",
+                        "an option of strategy {strategy}, but the strategy is {} \
+                         (give --strategy {strategy})",
                         chosen.name()
                     ),
                 });
