@@ -4,7 +4,7 @@
 
 mod common;
 
-use afterburner::parallel::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp};
+use afterburner::parallel::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateSaving};
 use afterburner::trainer::{
     HfSchedule, IntervalStrategy, OptimizerType, SchedulerType, TrainLoss, Trainer,
     TrainingArguments, optimizer_from_args,
@@ -204,6 +204,7 @@ impl ModuleVisitor<B> for MeanGrads<'_> {
     }
 }
 
+impl StateSaving<B> for MeanPerTensor {}
 impl ParallelStrategy<B> for MeanPerTensor {
     fn name(&self) -> &'static str {
         "mean-per-tensor"

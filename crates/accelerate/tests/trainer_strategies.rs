@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use afterburner::parallel::{ParallelStrategy, ShardingStrategy};
+use afterburner::parallel::{ParallelStrategy, ShardingStrategy, StateSaving};
 use afterburner::trainer::{IntervalStrategy, Trainer, TrainingArguments};
 use afterburner::{
     AccelerateError, Accelerator, AnyStrategy, Group, NamedStrategy, StrategyConfig,
@@ -195,6 +195,7 @@ impl Default for CountingOptions {
     }
 }
 
+impl StateSaving<B> for Counting {}
 impl ParallelStrategy<B> for Counting {
     fn name(&self) -> &'static str {
         "counting"
@@ -277,6 +278,7 @@ fn a_registered_strategy_is_chosen_by_the_trainers_command_line() {
     assert!(err.contains("did you mean every"), "{err}");
     // A built-in name cannot be taken.
     struct Impostor;
+    impl StateSaving<B> for Impostor {}
     impl ParallelStrategy<B> for Impostor {
         fn name(&self) -> &'static str {
             "ddp"

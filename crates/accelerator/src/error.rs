@@ -25,7 +25,7 @@ pub enum AccelerateError {
         /// Its value, as written.
         value: String,
         /// What is allowed.
-        expected: &'static str,
+        expected: String,
     },
     /// A training argument (Trainer setting, file or command-line value) out of range or
     /// unknown.
@@ -212,11 +212,11 @@ impl From<PrecisionError> for AccelerateError {
 
 impl AccelerateError {
     /// A config `field` whose `value` is not what is `expected`.
-    pub fn invalid(field: &'static str, value: impl ToString, expected: &'static str) -> Self {
+    pub fn invalid(field: &'static str, value: impl ToString, expected: impl Into<String>) -> Self {
         Self::InvalidConfig {
             field,
             value: value.to_string(),
-            expected,
+            expected: expected.into(),
         }
     }
 

@@ -37,14 +37,8 @@ mod forward;
 mod gradients;
 mod group;
 mod outcome;
-mod parts;
 mod quiet;
-mod record;
-mod rotation;
-mod sharded_state;
-mod state;
-mod state_files;
-mod state_source;
+mod save;
 mod stop;
 mod strategy;
 pub mod suggest;
@@ -57,15 +51,14 @@ pub use afterburner_localsgd as localsgd;
 pub use afterburner_parallel as parallel;
 pub use afterburner_parallel::rng;
 pub use afterburner_parallel::{
-    AutoWrapPolicy, FsdpConfig, ParallelStrategy, ShardingStrategy, StateDictType,
+    AutoWrapPolicy, FsdpConfig, ParallelStrategy, ShardingStrategy, StateDictType, StateSaving,
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::{Autocast, Precision};
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
 pub use error::AccelerateError;
 pub use group::Group;
-pub use parts::{StateParts, Stateful};
-pub use state_files::is_state_dir;
+pub use save::{StateParts, Stateful, is_state_dir};
 pub use strategy::{
     AnyStrategy, NamedStrategy, NoStrategy, RegisteredConfig, StrategyConfig, register_strategy,
 };

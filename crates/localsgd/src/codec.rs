@@ -87,7 +87,7 @@ impl FromStr for OuterDtype {
             _ => Err(ParallelError::InvalidConfig {
                 field: "diloco.outer_dtype",
                 value: s.to_string(),
-                expected: "one of: f32, bf16, f16, int8",
+                expected: "one of: f32, bf16, f16, int8".into(),
             }),
         }
     }

@@ -35,7 +35,7 @@ impl LocalSgdConfig {
             return Err(ParallelError::InvalidConfig {
                 field: "local_sgd.local_sgd_steps",
                 value: "0".into(),
-                expected: "at least 1",
+                expected: "at least 1".into(),
             });
         }
         Ok(())
@@ -108,11 +108,11 @@ impl DiLoCoConfig {
 
     /// Checks every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), ParallelError> {
-        let invalid = |field, value: String, expected| {
+        let invalid = |field, value: String, expected: &str| {
             Err(ParallelError::InvalidConfig {
                 field,
                 value,
-                expected,
+                expected: expected.into(),
             })
         };
         if self.sync_every == 0 {

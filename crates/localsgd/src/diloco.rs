@@ -5,8 +5,9 @@
 use std::sync::{Mutex, PoisonError};
 
 use afterburner_parallel::{
-    ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StrategyState,
-    broadcast_from_rank0, donate_live_state, flat_params, receive_live_state, with_flat_params,
+    ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StateSaving,
+    StrategyState, broadcast_from_rank0, donate_live_state, flat_params, receive_live_state,
+    with_flat_params,
 };
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
@@ -229,7 +230,7 @@ where
                     "{} (fragment {empty} would hold no parameter of this model)",
                     self.config.fragments
                 ),
-                expected: "at most as many fragments as the model has parameter groups",
+                expected: "at most as many fragments as the model has parameter groups".into(),
             });
         }
         Ok(fragments)
@@ -272,7 +273,7 @@ fn not_set_up() -> ParallelError {
     ParallelError::InvalidConfig {
         field: "diloco",
         value: "not set up".into(),
-        expected: "setup(model) before training or loading a state",
+        expected: "setup(model) before training or loading a state".into(),
     }
 }
 
@@ -381,7 +382,14 @@ where
         }
         Ok(model)
     }
+}
 
+/// Each replica writes its own state, DiLoCo's global copy and outer momentum included.
+impl<B, G> StateSaving<B> for DiLoCo<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + Clone + Send + 'static,
+{
     /// The ranks' mean of a loaded model (their parts may differ, e.g. a Local SGD save in
     /// the middle of a period) is the new global copy, with no momentum and nothing pending,
     /// unless the state carries DiLoCo's own (restored right after, overriding this). One

@@ -4,8 +4,8 @@
 use std::marker::PhantomData;
 
 use afterburner_parallel::{
-    ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StrategyState,
-    average_optimizer_state, broadcast_from_rank0, donate_live_state, flat_params,
+    ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout, StateSaving,
+    StrategyState, average_optimizer_state, broadcast_from_rank0, donate_live_state, flat_params,
     receive_live_state, with_flat_params,
 };
 use burn::module::AutodiffModule;
@@ -156,7 +156,10 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Loca
         self.finished_at = Some(steps);
         self.average(model)
     }
+}
 
+/// Each replica writes its own state (its model drifts between averages).
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> StateSaving<B> for LocalSgd<B, G> {
     fn state_layout(&self) -> StateLayout {
         StateLayout::PerRank
     }

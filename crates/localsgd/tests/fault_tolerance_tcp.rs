@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use afterburner_localsgd::DiLoCo;
-use afterburner_parallel::{LighthouseServer, ParallelStrategy, QuorumConfig, connect_tcp};
+use afterburner_parallel::{
+    LighthouseServer, ParallelStrategy, QuorumConfig, StateSaving, connect_tcp,
+};
 use burn::backend::Flex;
 use burn::optim::AdamWConfig;
 

@@ -9,7 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
 use crate::quorum::refuse_quorum;
-use crate::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp};
+use crate::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateSaving};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -126,6 +126,14 @@ where
         offset: 0,
         backend: PhantomData,
     }))
+}
+
+/// Every rank holds the same state: the single-device one.
+impl<B, G> StateSaving<B> for Ddp<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>>,
+{
 }
 
 impl<B, G> ParallelStrategy<B> for Ddp<B, G>

@@ -11,7 +11,7 @@ pub enum ParallelError {
         /// Its value.
         value: String,
         /// What is allowed.
-        expected: &'static str,
+        expected: String,
     },
     /// Another worker failed (returned an error, panicked or timed out), so this one stopped.
     #[error("rank {rank} failed: {reason}")]

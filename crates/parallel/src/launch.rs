@@ -96,7 +96,7 @@ where
         return Err(ParallelError::InvalidConfig {
             field: "devices",
             value: "[]".into(),
-            expected: "at least one device",
+            expected: "at least one device".into(),
         });
     }
     // Ranks sharing a device of an asynchronous backend exchange through the host (see
@@ -301,7 +301,7 @@ pub fn local_devices<B: Backend>(n: usize) -> Result<Vec<B::Device>, ParallelErr
     let invalid = |value: String| ParallelError::InvalidConfig {
         field: "devices",
         value,
-        expected: "at least 1 and at most the backend's device count",
+        expected: "at least 1 and at most the backend's device count".into(),
     };
     if n == 0 {
         return Err(invalid("0".into()));

@@ -51,6 +51,7 @@ mod quorum;
 mod record;
 pub mod rng;
 mod sampler;
+mod saving;
 mod shared;
 mod slow_link;
 mod strategy;
@@ -74,17 +75,20 @@ pub use loopback::{LoopbackRun, run_on_loopback};
 #[cfg(feature = "mpi")]
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use optimizer_state::average_optimizer_state;
-pub use params::{flat_params, param_ids, with_flat_params};
+pub use params::{flat_params, param_ids, param_positions, with_flat_params};
 #[cfg(feature = "testing")]
 pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use quorum::{
     Lighthouse, LighthouseServer, Quorum, QuorumConfig, QuorumGroup, connect_tcp,
     donate_live_state, receive_live_state,
 };
-pub use record::{mean_param_states, merge_param_states};
+pub use record::{
+    OptimizerRecord, ParamPositions, join_param_shards, mean_param_states, merge_param_states,
+};
 pub use sampler::{DistributedSampler, shard};
+pub use saving::{StateLayout, StateSaving, StrategyState};
 pub use shared::SharedGroup;
 pub use slow_link::SlowLink;
-pub use strategy::{ForwardView, ParallelStrategy, SingleDevice, StateLayout, StrategyState};
+pub use strategy::{ForwardView, ParallelStrategy, SingleDevice};
 pub use votes::{broadcast_text, ranks_voting_yes, same_on_every_rank};
 pub use zero::{OptimizerSharding, Zero1};

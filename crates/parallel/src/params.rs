@@ -36,6 +36,16 @@ pub fn with_flat_params<B: AutodiffBackend, M: AutodiffModule<B>>(
     })
 }
 
+/// `model`'s parameter ids with their positions in visit order: how the optimizer records of
+/// ranks whose ids differ are paired.
+pub fn param_positions<B: Backend, M: Module<B>>(model: &M) -> crate::ParamPositions {
+    param_ids(model)
+        .into_iter()
+        .enumerate()
+        .map(|(position, id)| (id, position))
+        .collect()
+}
+
 /// The ids of `model`'s float parameters in visit order, as optimizer records name them
 /// (`ParamId::serialize`): position `i` is the `i`-th parameter.
 pub fn param_ids<B: Backend, M: Module<B>>(model: &M) -> Vec<String> {

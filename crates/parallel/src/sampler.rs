@@ -47,7 +47,7 @@ impl DistributedSampler {
             return Err(ParallelError::InvalidConfig {
                 field: "rank",
                 value: format!("{rank} of world size {world_size}"),
-                expected: "0 <= rank < world_size, world_size >= 1",
+                expected: "0 <= rank < world_size, world_size >= 1".into(),
             });
         }
         self.rank = rank;
@@ -67,7 +67,7 @@ impl DistributedSampler {
             return Err(ParallelError::InvalidConfig {
                 field: "batch_size",
                 value: "0".into(),
-                expected: "at least 1",
+                expected: "at least 1".into(),
             });
         }
         self.batch_size = batch_size;

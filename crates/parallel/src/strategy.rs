@@ -12,15 +12,13 @@
 //!    [`global_squared_norm`](ParallelStrategy::global_squared_norm) when clipping,
 //!    [`before_optimizer_step`](ParallelStrategy::before_optimizer_step), the optimizer step, and
 //!    [`after_optimizer_step`](ParallelStrategy::after_optimizer_step);
-//! 4. saving and loading: [`state_layout`](ParallelStrategy::state_layout) says which rank writes
-//!    what; a [`StateLayout::Gathered`] strategy also converts its parts to and from the full
-//!    state.
+//! 4. saving and loading: the [`StateSaving`] sub-trait (its
+//!    [`StateLayout`](crate::StateLayout) says which rank writes what; a sharded strategy
+//!    converts its parts to and from the full state).
 //!
 //! Every method has the single-device behaviour as its default, so a strategy overrides only
 //! the phases it changes. The methods are generic over the model type, so the trait is not
 //! object safe: a loop that picks a strategy at run time dispatches through an enum.
-
-use std::collections::HashMap;
 
 use afterburner_checkpoint::DerivedParams;
 use burn::module::{AutodiffModule, Module};
@@ -28,22 +26,9 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::{ParallelError, ProcessGroup};
+use crate::{ParallelError, ProcessGroup, StateSaving};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
-
-/// Which ranks write a training state, and what each holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StateLayout {
-    /// Every rank holds the same state: rank 0 writes one directory, every rank reads it.
-    Replicated,
-    /// Every rank holds its own part: each writes and reads its own directory, and the state
-    /// loads at the same world size.
-    PerRank,
-    /// Every rank holds shards; they are gathered into one full state that rank 0 writes as
-    /// an ordinary directory (loads at any world size, and without the strategy).
-    Gathered,
-}
 
 /// The model a forward pass runs on, when a strategy provides one.
 pub struct ForwardView<B: AutodiffBackend, M> {
@@ -58,8 +43,9 @@ pub struct ForwardView<B: AutodiffBackend, M> {
 /// How training is spread over devices: asked by the training loop at each phase (see the
 /// module docs for the order). Implemented by [`SingleDevice`], [`Ddp`](crate::Ddp),
 /// [`Zero1`](crate::Zero1) and [`Fsdp`](crate::Fsdp); another crate adds its own (Local SGD,
-/// DiLoCo) by implementing it.
-pub trait ParallelStrategy<B: AutodiffBackend> {
+/// DiLoCo) by implementing it, with [`StateSaving`] for what it saves (an empty impl where
+/// it keeps the single-device state).
+pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
     /// A short name for logs and errors ("single-device", "ddp", ...).
     fn name(&self) -> &'static str;
 
@@ -199,138 +185,6 @@ pub trait ParallelStrategy<B: AutodiffBackend> {
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
         Ok(model.clone())
     }
-
-    /// Which rank writes what when the training state is saved.
-    fn state_layout(&self) -> StateLayout {
-        StateLayout::Replicated
-    }
-
-    /// Whether an ordinary (full) state loads into this strategy by
-    /// [`shard_full_state`](Self::shard_full_state), whatever world size saved it. Default:
-    /// when the strategy saves one ([`StateLayout::Gathered`]).
-    fn loads_full_state(&self) -> bool {
-        self.state_layout() == StateLayout::Gathered
-    }
-
-    /// Whether a per-rank state saved at another world size loads by merging the ranks'
-    /// optimizer records into one full record (each rank's model being the full model, as
-    /// under ZeRO-1), then [`shard_optimizer_record`](Self::shard_optimizer_record). Default
-    /// false: a per-rank state loads at the world size that saved it.
-    fn merges_rank_states(&self) -> bool {
-        false
-    }
-
-    /// Under a merged load: whether the saved ranks' models are shards to join
-    /// ([`join_saved_models`](Self::join_saved_models)) rather than copies of the full model.
-    fn saved_models_are_shards(&self) -> bool {
-        false
-    }
-
-    /// Under a merged load: the full model from the saved ranks' models as decoded
-    /// (`saved[k]`, rank k's, with the shapes it saved). Local work. Default: rank 0's.
-    fn join_saved_models<M: AutodiffModule<B>>(&self, saved: Vec<M>) -> Result<M, ParallelError> {
-        saved
-            .into_iter()
-            .next()
-            .ok_or_else(|| ParallelError::Record("no saved rank to load".into()))
-    }
-
-    /// Under a merged load: one full optimizer record from the saved ranks' records (each
-    /// with the map from its model's parameter ids to positions), keyed by `ids`. Local work.
-    /// Default: [`merge_param_states`](crate::merge_param_states) (each parameter's state
-    /// held by one rank, as under ZeRO-1).
-    fn join_saved_optimizer_records(
-        &self,
-        records: &[(Vec<u8>, HashMap<String, usize>)],
-        ids: &[String],
-    ) -> Result<Vec<u8>, ParallelError> {
-        crate::merge_param_states(records, ids)
-    }
-
-    /// Under [`StateLayout::Gathered`]: the optimizer record (Burn's named MessagePack at full
-    /// precision, as the state files hold it) with every per-parameter tensor gathered to its
-    /// full shape. Every rank calls it, in the same order. `model` is this rank's model.
-    fn gather_optimizer_record<M: AutodiffModule<B>>(
-        &self,
-        model: &M,
-        record: Vec<u8>,
-        device: &B::Device,
-    ) -> Result<Vec<u8>, ParallelError> {
-        let _ = (model, device);
-        Ok(record)
-    }
-
-    /// The inverse of [`gather_optimizer_record`](Self::gather_optimizer_record), for a
-    /// state loaded into `full` (the full model holding the record's parameter ids).
-    fn shard_optimizer_record<M: AutodiffModule<B>>(
-        &self,
-        full: &M,
-        record: Vec<u8>,
-    ) -> Result<Vec<u8>, ParallelError> {
-        let _ = full;
-        Ok(record)
-    }
-
-    /// A full model (every rank the same, e.g. just loaded) in this strategy's form, without
-    /// any broadcast.
-    fn shard_full_state<M: AutodiffModule<B>>(&self, full: M) -> Result<M, ParallelError> {
-        Ok(full)
-    }
-
-    /// The strategy's own training state, saved with the model (e.g. DiLoCo's global
-    /// parameters and outer momentum); empty when it keeps none.
-    fn own_state(&self) -> Result<StrategyState, ParallelError> {
-        Ok(StrategyState::default())
-    }
-
-    /// Errors unless `state` (from [`own_state`](Self::own_state)) fits this strategy and
-    /// model; changes nothing. Called on every rank before anything of a load is applied.
-    fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
-        match state.tensors.is_empty() {
-            true => Ok(()),
-            false => Err(ParallelError::Record(format!(
-                "the state holds {} strategy tensors; {} keeps none",
-                state.tensors.len(),
-                self.name()
-            ))),
-        }
-    }
-
-    /// Restores a state [`check_own_state`](Self::check_own_state) accepted.
-    fn load_own_state(&mut self, state: StrategyState) {
-        let _ = state;
-    }
-
-    /// After a state was loaded into `model`: refresh what the strategy derives from the
-    /// parameters.
-    fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
-        let _ = model;
-        Ok(())
-    }
-}
-
-/// A strategy's own training state: named f32 tensors (flattened) and counters.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StrategyState {
-    /// Named tensors, e.g. `("global", values)`.
-    pub tensors: Vec<(String, Vec<f32>)>,
-    /// Named counters.
-    pub counters: Vec<(String, u64)>,
-}
-
-impl StrategyState {
-    /// Whether there is nothing to save.
-    pub fn is_empty(&self) -> bool {
-        self.tensors.is_empty() && self.counters.is_empty()
-    }
-
-    /// The tensor named `name`.
-    pub fn tensor(&self, name: &str) -> Option<&[f32]> {
-        self.tensors
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
-    }
 }
 
 /// One device, no collectives: every phase as in a plain loop.
@@ -342,3 +196,5 @@ impl<B: AutodiffBackend> ParallelStrategy<B> for SingleDevice {
         "single-device"
     }
 }
+
+impl<B: AutodiffBackend> StateSaving<B> for SingleDevice {}

@@ -9,9 +9,10 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::ddp::{Flatten, Unflatten};
-use crate::params::param_ids;
-use crate::record::retain_param_states;
-use crate::{Ddp, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout};
+use crate::{
+    Ddp, OptimizerRecord, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout,
+    StateSaving, param_positions,
+};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -224,34 +225,24 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Zero
     fn averages_gradients(&self) -> bool {
         true
     }
+}
 
+/// Each rank saves its own part (the optimizer states of the parameters it owns); a full state
+/// (saved under DDP, or joined from ZeRO-1 parts of another world size) loads too: every rank
+/// keeps the optimizer state of the parameters it owns.
+impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> StateSaving<B> for Zero1<B, G> {
     fn state_layout(&self) -> StateLayout {
-        StateLayout::PerRank
-    }
-
-    /// A full state (saved under DDP, or merged from ZeRO-1 parts of another world size)
-    /// loads: every rank keeps the optimizer state of the parameters it owns.
-    fn loads_full_state(&self) -> bool {
-        true
-    }
-
-    fn merges_rank_states(&self) -> bool {
-        true
+        StateLayout::Sharded
     }
 
     fn shard_optimizer_record<M: AutodiffModule<B>>(
         &self,
         full: &M,
-        record: Vec<u8>,
-    ) -> Result<Vec<u8>, ParallelError> {
+        record: OptimizerRecord,
+    ) -> Result<OptimizerRecord, ParallelError> {
         let group = self.ddp.group();
         let sharding = OptimizerSharding::new(full, group.rank(), group.world_size());
-        let index = param_ids(full)
-            .into_iter()
-            .enumerate()
-            .map(|(position, id)| (id, position))
-            .collect();
-        retain_param_states(&record, &index, |position| {
+        record.retain(&param_positions(full), |position| {
             sharding.owners.get(position) == Some(&sharding.rank)
         })
     }

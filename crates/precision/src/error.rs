@@ -46,6 +46,6 @@ pub enum PrecisionError {
         /// Its value, as written.
         value: String,
         /// What is allowed.
-        expected: &'static str,
+        expected: String,
     },
 }

@@ -41,7 +41,7 @@ impl FromStr for AutocastMode {
             _ => Err(PrecisionError::InvalidSetting {
                 field: "autocast",
                 value: s.to_string(),
-                expected: "one of: auto, op, view",
+                expected: "one of: auto, op, view".into(),
             }),
         }
     }

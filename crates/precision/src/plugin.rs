@@ -73,7 +73,8 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
                 field: "autocast",
                 value: autocast.to_string(),
                 expected: "\"view\" or \"auto\" on this backend; \"op\" needs it wrapped as \
-                           Autodiff<afterburner::Autocast<B>> (or Autocast<Autodiff<B>>)",
+                           Autodiff<afterburner::Autocast<B>> (or Autocast<Autodiff<B>>)"
+                    .into(),
             });
         }
         if precision.is_emulated_on::<B>(device) {
@@ -160,7 +161,8 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
                 expected: "32-true or a *-true precision for a model with running statistics \
                            (BatchNorm), or the backend wrapped as \
                            Autodiff<afterburner::Autocast<B>>, which keeps them in f32 and \
-                           promotes dtypes",
+                           promotes dtypes"
+                    .into(),
             });
         }
         self.shared_state

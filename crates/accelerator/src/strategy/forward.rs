@@ -1,4 +1,5 @@
-//! [`AnyStrategy`] forwards every phase of [`ParallelStrategy`] to the strategy it holds.
+//! [`AnyStrategy`] forwards every phase of [`ParallelStrategy`], and every method of
+//! `StateSaving`, to the strategy it holds.
 //! `tests::every_trait_method_is_forwarded` fails when the trait gains a method that is not
 //! forwarded here (it would otherwise silently run the single-device default).
 
@@ -8,7 +9,8 @@ macro_rules! forward_impl {
         // In its own scope, so its imports do not leak into the module that expands it.
         const _: () = {
         use afterburner_parallel::{
-            ForwardView, ParallelError, ParallelStrategy, ProcessGroup, StateLayout, StrategyState,
+            ForwardView, OptimizerRecord, ParallelError, ParallelStrategy, ParamPositions,
+            ProcessGroup, StateLayout, StateSaving, StrategyState,
         };
         use burn::module::{AutodiffModule, Module};
         use burn::optim::{GradientsParams, Optimizer};
@@ -109,18 +111,6 @@ macro_rules! forward_impl {
                 dispatch!(self, s => ParallelStrategy::<B>::averages_gradients(s))
             }
 
-            fn own_state(&self) -> Result<StrategyState, ParallelError> {
-                dispatch!(self, s => ParallelStrategy::<B>::own_state(s))
-            }
-
-            fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
-                dispatch!(self, s => ParallelStrategy::<B>::check_own_state(s, state))
-            }
-
-            fn load_own_state(&mut self, state: StrategyState) {
-                dispatch!(self, s => ParallelStrategy::<B>::load_own_state(s, state))
-            }
-
             fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
                 dispatch!(self, s => ParallelStrategy::<B>::finish(s, model, steps))
             }
@@ -128,54 +118,64 @@ macro_rules! forward_impl {
             fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
                 dispatch!(self, s => ParallelStrategy::<B>::full_model(s, model))
             }
+        }
 
+        impl<B: AutodiffBackend, U: NamedStrategy<B>> StateSaving<B> for AnyStrategy<B, U> {
             fn state_layout(&self) -> StateLayout {
-                dispatch!(self, s => ParallelStrategy::<B>::state_layout(s))
+                dispatch!(self, s => StateSaving::<B>::state_layout(s))
             }
 
-            fn loads_full_state(&self) -> bool {
-                dispatch!(self, s => ParallelStrategy::<B>::loads_full_state(s))
-            }
-
-            fn merges_rank_states(&self) -> bool {
-                dispatch!(self, s => ParallelStrategy::<B>::merges_rank_states(s))
-            }
-
-            fn saved_models_are_shards(&self) -> bool {
-                dispatch!(self, s => ParallelStrategy::<B>::saved_models_are_shards(s))
-            }
-
-            fn join_saved_models<M: AutodiffModule<B>>(&self, saved: Vec<M>) -> Result<M, ParallelError> {
-                dispatch!(self, s => s.join_saved_models(saved))
+            fn join_saved_models<M, E>(
+                &self,
+                saved_ranks: usize,
+                load: impl FnMut(usize) -> Result<M, E>,
+            ) -> Result<M, E>
+            where
+                M: AutodiffModule<B>,
+                E: From<ParallelError>,
+            {
+                dispatch!(self, s => s.join_saved_models(saved_ranks, load))
             }
 
             fn join_saved_optimizer_records(
                 &self,
-                records: &[(Vec<u8>, std::collections::HashMap<String, usize>)],
+                records: Vec<(OptimizerRecord, ParamPositions)>,
                 ids: &[String],
-            ) -> Result<Vec<u8>, ParallelError> {
-                dispatch!(self, s => ParallelStrategy::<B>::join_saved_optimizer_records(s, records, ids))
+            ) -> Result<OptimizerRecord, ParallelError> {
+                dispatch!(self, s => StateSaving::<B>::join_saved_optimizer_records(s, records, ids))
             }
 
             fn gather_optimizer_record<M: AutodiffModule<B>>(
                 &self,
                 model: &M,
-                record: Vec<u8>,
+                record: OptimizerRecord,
                 device: &B::Device,
-            ) -> Result<Vec<u8>, ParallelError> {
+            ) -> Result<OptimizerRecord, ParallelError> {
                 dispatch!(self, s => s.gather_optimizer_record(model, record, device))
             }
 
             fn shard_optimizer_record<M: AutodiffModule<B>>(
                 &self,
                 full: &M,
-                record: Vec<u8>,
-            ) -> Result<Vec<u8>, ParallelError> {
+                record: OptimizerRecord,
+            ) -> Result<OptimizerRecord, ParallelError> {
                 dispatch!(self, s => s.shard_optimizer_record(full, record))
             }
 
             fn shard_full_state<M: AutodiffModule<B>>(&self, full: M) -> Result<M, ParallelError> {
                 dispatch!(self, s => s.shard_full_state(full))
+            }
+
+            fn own_state(&self) -> Result<StrategyState, ParallelError> {
+                dispatch!(self, s => StateSaving::<B>::own_state(s))
+            }
+
+            fn check_own_state(&self, state: &StrategyState) -> Result<(), ParallelError> {
+                dispatch!(self, s => StateSaving::<B>::check_own_state(s, state))
+            }
+
+            fn load_own_state(&mut self, state: StrategyState) {
+                dispatch!(self, s => StateSaving::<B>::load_own_state(s, state))
             }
 
             fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
@@ -190,17 +190,28 @@ macro_rules! forward_impl {
 mod tests {
     use afterburner_parallel::forwarding::not_forwarded;
 
+    /// Both traits: the phases and what a strategy saves.
     #[test]
     fn every_trait_method_is_forwarded() {
-        let missing = not_forwarded(
-            include_str!("../../../parallel/src/strategy.rs"),
-            "pub trait ParallelStrategy<B: AutodiffBackend> {",
-            include_str!("forward.rs"),
-            "impl<B: AutodiffBackend, U",
-        );
-        assert!(
-            missing.is_empty(),
-            "AnyStrategy (strategy/forward.rs) does not forward ParallelStrategy::{missing:?}"
-        );
+        let traits = [
+            (
+                include_str!("../../../parallel/src/strategy.rs"),
+                "pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {",
+                "impl<B: AutodiffBackend, U: NamedStrategy<B>> ParallelStrategy<B>",
+            ),
+            (
+                include_str!("../../../parallel/src/saving.rs"),
+                "pub trait StateSaving<B: AutodiffBackend> {",
+                "impl<B: AutodiffBackend, U: NamedStrategy<B>> StateSaving<B>",
+            ),
+        ];
+        for (source, trait_start, impl_start) in traits {
+            let missing =
+                not_forwarded(source, trait_start, include_str!("forward.rs"), impl_start);
+            assert!(
+                missing.is_empty(),
+                "AnyStrategy (strategy/forward.rs) does not forward {trait_start:?}: {missing:?}"
+            );
+        }
     }
 }

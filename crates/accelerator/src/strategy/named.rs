@@ -7,7 +7,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use afterburner_parallel::ParallelStrategy;
+use afterburner_parallel::{ParallelStrategy, StateSaving};
 use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -40,6 +40,8 @@ impl<B: AutodiffBackend> ParallelStrategy<B> for NoStrategy {
         match *self {}
     }
 }
+
+impl<B: AutodiffBackend> StateSaving<B> for NoStrategy {}
 
 impl<B: AutodiffBackend> NamedStrategy<B> for NoStrategy {
     const NAME: &'static str = "";

@@ -58,7 +58,7 @@ impl FromStr for StateDictType {
             _ => Err(ParallelError::InvalidConfig {
                 field: "fsdp.state_dict_type",
                 value: s.to_string(),
-                expected: "sharded (SHARDED_STATE_DICT) or full (FULL_STATE_DICT)",
+                expected: "sharded (SHARDED_STATE_DICT) or full (FULL_STATE_DICT)".into(),
             }),
         }
     }
@@ -99,7 +99,8 @@ impl FromStr for ShardingStrategy {
             _ => Err(ParallelError::InvalidConfig {
                 field: "fsdp.sharding_strategy",
                 value: s.to_string(),
-                expected: "one of: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), none (NO_SHARD)",
+                expected: "one of: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), none (NO_SHARD)"
+                    .into(),
             }),
         }
     }
@@ -140,7 +141,8 @@ impl FromStr for AutoWrapPolicy {
             field: "fsdp.auto_wrap_policy",
             value: s.to_string(),
             expected: "none, size:<min parameters> (a number > 0), or module type names \
-                       separated by commas (e.g. TransformerEncoderLayer)",
+                       separated by commas (e.g. TransformerEncoderLayer)"
+                .into(),
         };
         let text = s.trim();
         if text.is_empty() || text.eq_ignore_ascii_case("none") {

@@ -2,15 +2,12 @@
 //! parameter (and of every element-wise optimizer state tensor) joined back into full tensors,
 //! which the load then shards for the new world size.
 
-use std::collections::HashMap;
-
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
 use super::Fsdp;
-use crate::record::join_param_shards;
-use crate::{ParallelError, ProcessGroup};
+use crate::{OptimizerRecord, ParallelError, ParamPositions, ProcessGroup, join_param_shards};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -75,9 +72,9 @@ where
     /// (each with its model's id-to-position map), keyed by `ids`. Local work.
     pub(crate) fn join_saved_records(
         &self,
-        records: &[(Vec<u8>, HashMap<String, usize>)],
+        records: Vec<(OptimizerRecord, ParamPositions)>,
         ids: &[String],
-    ) -> Result<Vec<u8>, ParallelError> {
+    ) -> Result<OptimizerRecord, ParallelError> {
         let layout = self.layout_or_err()?;
         let numels: Vec<usize> = layout.slots.iter().map(|s| s.numel).collect();
         let shapes: Vec<Vec<usize>> = layout.slots.iter().map(|s| s.shape.clone()).collect();

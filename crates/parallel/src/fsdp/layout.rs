@@ -197,7 +197,7 @@ pub(crate) fn check_module_names<B: Backend, M: Module<B>>(
             unmatched.join(","),
             types.join(", ")
         ),
-        expected: "module type names of the model, none, or size:<n>",
+        expected: "module type names of the model, none, or size:<n>".into(),
     })
 }
 

@@ -69,14 +69,14 @@ where
             return Err(ParallelError::InvalidConfig {
                 field: "fsdp.sharding_strategy",
                 value: config.sharding_strategy.to_string(),
-                expected: "full or grad-op (none is plain DDP)",
+                expected: "full or grad-op (none is plain DDP)".into(),
             });
         }
         if !gather::is_burn_autodiff::<B>() {
             return Err(ParallelError::InvalidConfig {
                 field: "backend",
                 value: std::any::type_name::<B>().to_string(),
-                expected: "burn's Autodiff<_, _> backend (FSDP adds its own autodiff nodes)",
+                expected: "burn's Autodiff<_, _> backend (FSDP adds its own autodiff nodes)".into(),
             });
         }
         group.with(|g| crate::quorum::refuse_quorum::<Inner<B>, G>(g, "FSDP"))?;
@@ -140,7 +140,7 @@ where
         self.layout().ok_or_else(|| ParallelError::InvalidConfig {
             field: "fsdp",
             value: "model not sharded".into(),
-            expected: "Fsdp::shard(model) before view/full_model/after_step",
+            expected: "Fsdp::shard(model) before view/full_model/after_step".into(),
         })
     }
 

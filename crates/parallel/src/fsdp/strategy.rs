@@ -1,8 +1,6 @@
 //! FSDP as a [`ParallelStrategy`]: shards at setup, gathers per forward pass, a global gradient norm
 //! over the shards, and sharded or gathered training states.
 
-use std::collections::HashMap;
-
 use burn::module::{AutodiffModule, Module};
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
@@ -10,8 +8,10 @@ use burn::tensor::{DType, ElementConversion, Tensor};
 
 use super::{Fsdp, StateDictType};
 use crate::ddp::broadcast_from_rank0;
-use crate::record::{check_param_ids, map_state_tensors};
-use crate::{ForwardView, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout};
+use crate::{
+    ForwardView, OptimizerRecord, ParallelError, ParallelStrategy, ParamPositions, ProcessGroup,
+    ReduceOp, StateLayout, StateSaving,
+};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -21,7 +21,7 @@ where
     G: ProcessGroup<Inner<B>> + 'static,
 {
     /// Each parameter's layout index by its serialized `ParamId` (how records name them).
-    fn indices_by_id<M: Module<B>>(&self, model: &M) -> HashMap<String, usize> {
+    fn indices_by_id<M: Module<B>>(&self, model: &M) -> ParamPositions {
         self.param_indices(model)
             .into_iter()
             .map(|(id, index)| (id.serialize(), index))
@@ -106,37 +106,41 @@ where
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
         Fsdp::full_model(self, model)
     }
+}
 
+/// A sharded state (each rank its shards) or a gathered one (rank 0 writes the full state);
+/// either loads at any world size.
+impl<B, G> StateSaving<B> for Fsdp<B, G>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+{
     fn state_layout(&self) -> StateLayout {
         match self.config().state_dict_type {
-            StateDictType::Sharded => StateLayout::PerRank,
+            StateDictType::Sharded => StateLayout::Sharded,
             StateDictType::Full => StateLayout::Gathered,
         }
     }
 
-    fn loads_full_state(&self) -> bool {
-        true
-    }
-
-    /// A sharded state saved at another world size loads: the saved ranks' chunks are joined
-    /// into full tensors, then sharded for this one.
-    fn merges_rank_states(&self) -> bool {
-        true
-    }
-
-    fn saved_models_are_shards(&self) -> bool {
-        true
-    }
-
-    fn join_saved_models<M: AutodiffModule<B>>(&self, saved: Vec<M>) -> Result<M, ParallelError> {
-        self.join_saved_shards(saved)
+    /// The saved ranks' chunks are joined into full tensors (then sharded for this world size).
+    fn join_saved_models<M, E>(
+        &self,
+        saved_ranks: usize,
+        load: impl FnMut(usize) -> Result<M, E>,
+    ) -> Result<M, E>
+    where
+        M: AutodiffModule<B>,
+        E: From<ParallelError>,
+    {
+        let saved = (0..saved_ranks).map(load).collect::<Result<Vec<M>, E>>()?;
+        Ok(self.join_saved_shards(saved)?)
     }
 
     fn join_saved_optimizer_records(
         &self,
-        records: &[(Vec<u8>, HashMap<String, usize>)],
+        records: Vec<(OptimizerRecord, ParamPositions)>,
         ids: &[String],
-    ) -> Result<Vec<u8>, ParallelError> {
+    ) -> Result<OptimizerRecord, ParallelError> {
         self.join_saved_records(records, ids)
     }
 
@@ -147,18 +151,18 @@ where
     fn gather_optimizer_record<M: AutodiffModule<B>>(
         &self,
         model: &M,
-        record: Vec<u8>,
+        record: OptimizerRecord,
         device: &B::Device,
-    ) -> Result<Vec<u8>, ParallelError> {
+    ) -> Result<OptimizerRecord, ParallelError> {
         let ids = self.indices_by_id(model);
-        let checked = check_param_ids(&record, &ids);
+        let checked = record.check_params(&ids);
         if !self.all_ok(checked.is_ok(), device)? {
             checked?;
             return Err(ParallelError::Record(
                 "optimizer record: another rank's record does not match its model".into(),
             ));
         }
-        map_state_tensors(&record, &ids, |index, values| {
+        record.map_tensors(&ids, |index, values, _| {
             self.gather_values(index, values, device)
         })
     }
@@ -166,12 +170,10 @@ where
     fn shard_optimizer_record<M: AutodiffModule<B>>(
         &self,
         full: &M,
-        record: Vec<u8>,
-    ) -> Result<Vec<u8>, ParallelError> {
+        record: OptimizerRecord,
+    ) -> Result<OptimizerRecord, ParallelError> {
         let ids = self.indices_by_id(full);
-        map_state_tensors(&record, &ids, |index, values| {
-            self.shard_values(index, values)
-        })
+        record.map_tensors(&ids, |index, values, _| self.shard_values(index, values))
     }
 
     fn shard_full_state<M: AutodiffModule<B>>(&self, full: M) -> Result<M, ParallelError> {

@@ -65,10 +65,10 @@ impl QuorumConfig {
     }
 }
 
-pub(crate) fn invalid(field: &'static str, value: &str, expected: &'static str) -> ParallelError {
+pub(crate) fn invalid(field: &'static str, value: &str, expected: &str) -> ParallelError {
     ParallelError::InvalidConfig {
         field,
         value: value.to_string(),
-        expected,
+        expected: expected.into(),
     }
 }

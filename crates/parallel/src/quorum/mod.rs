@@ -76,7 +76,8 @@ where
             value: format!("{strategy} over a fault-tolerant quorum group"),
             expected: "Local SGD or DiLoCo on a quorum group (DDP, ZeRO-1 and FSDP replicas \
                        are not independent: run them on a LocalGroup or MpiGroup, where a lost \
-                       rank fails the job)",
+                       rank fails the job)"
+                .into(),
         }),
     }
 }

@@ -262,7 +262,7 @@ pub(crate) fn rank_files<const N: usize>(
     dir: &std::path::Path,
     names: [&str; N],
 ) -> Result<[Vec<u8>; N], AccelerateError> {
-    let mut files = crate::state_files::read_verified(dir)?;
+    let mut files = crate::save::files::read_verified(dir)?;
     let mut take = |name: &str| {
         files
             .iter()

@@ -5,7 +5,7 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use afterburner_parallel::{ParallelStrategy, param_ids};
+use afterburner_parallel::{OptimizerRecord, ParallelStrategy, param_ids, param_positions};
 use burn::module::AutodiffModule;
 use burn::optim::Optimizer;
 use burn::optim::lr_scheduler::LrScheduler;
@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 
 use super::checks::{has_nonfinite, load_checked, load_structure};
 use super::{Mode, Part, Slot, StateParts, Stateful, part_file, rank_files};
-use crate::record::{decode_record, encode};
+use crate::save::codec::{decode_record, encode};
 use crate::{AccelerateError, Accelerator};
 
 /// An encoding error (the part's name is added by the caller).
@@ -121,8 +121,8 @@ where
         true
     }
 
-    /// Under a merged load whose saved models are shards (FSDP): the full model joined from
-    /// every saved rank's shards, encoded; `None` (rank 0's copy) otherwise.
+    /// Under a merged load: the full model the strategy joins from the saved ranks' models
+    /// (FSDP: every rank's shards; by default rank 0's copy, the only one decoded), encoded.
     fn merge_ranks(
         &self,
         acc: &Accelerator<B, S>,
@@ -130,17 +130,14 @@ where
         name: &str,
         ranks: &[PathBuf],
     ) -> Result<Option<Vec<u8>>, AccelerateError> {
-        if !acc.strategy.saved_models_are_shards() {
-            return Ok(None);
-        }
         let file = part_file(name);
-        let mut saved = Vec::with_capacity(ranks.len());
-        for dir in ranks {
+        let load = |rank: usize| -> Result<M, AccelerateError> {
+            let dir = &ranks[rank];
             let [bytes] = rank_files(dir, [&file])?;
             let record = decode_record::<B, M::Record>(bytes, &acc.device, &dir.join(&file))?;
-            saved.push(load_structure(&*self.model, record)?);
-        }
-        let full = acc.strategy.join_saved_models(saved)?;
+            load_structure(&*self.model, record)
+        };
+        let full = acc.strategy.join_saved_models(ranks.len(), load)?;
         Ok(Some(encode::<B, _>(full.into_record())?))
     }
 }
@@ -198,9 +195,11 @@ where
         local: Vec<u8>,
     ) -> Result<Vec<u8>, AccelerateError> {
         let model = parts.model_of::<M>().ok_or_else(Self::no_model)?;
+        let local = OptimizerRecord::from_bytes(&local)?;
         Ok(acc
             .strategy
-            .gather_optimizer_record(model, local, &acc.device)?)
+            .gather_optimizer_record(model, local, &acc.device)?
+            .to_bytes()?)
     }
 
     fn stage(
@@ -219,7 +218,11 @@ where
                     .iter()
                     .find_map(|(_, slot)| slot.staged_model()?.downcast_ref::<M>())
                     .ok_or_else(Self::no_model)?;
-                acc.strategy.shard_optimizer_record(full, bytes)?
+                let record = OptimizerRecord::from_bytes(&bytes)
+                    .map_err(|e| AccelerateError::corrupt(path, e))?;
+                acc.strategy
+                    .shard_optimizer_record(full, record)?
+                    .to_bytes()?
             }
         };
         self.staged = Some(decode_record::<B, O::Record>(bytes, &acc.device, path)?);
@@ -255,19 +258,15 @@ where
             let [model, own] = rank_files(dir, [&model_file, &own_file])?;
             let path = dir.join(&model_file);
             let record = decode_record::<B, M::Record>(model, &acc.device, &path)?;
-            let ids = param_ids(&load_structure(template, record)?);
-            let index = ids
-                .iter()
-                .enumerate()
-                .map(|(i, id)| (id.clone(), i))
-                .collect();
-            records.push((own, index));
-            ids_of_rank_0.get_or_insert(ids);
+            let saved_model = load_structure(template, record)?;
+            let own = OptimizerRecord::from_bytes(&own)
+                .map_err(|e| AccelerateError::corrupt(dir.join(&own_file), e))?;
+            records.push((own, param_positions(&saved_model)));
+            ids_of_rank_0.get_or_insert_with(|| param_ids(&saved_model));
         }
         let ids = ids_of_rank_0.unwrap_or_default();
-        Ok(Some(
-            acc.strategy.join_saved_optimizer_records(&records, &ids)?,
-        ))
+        let joined = acc.strategy.join_saved_optimizer_records(records, &ids)?;
+        Ok(Some(joined.to_bytes()?))
     }
 }
 

@@ -10,8 +10,8 @@
 //! Saving writes a temporary sibling directory, syncs it and renames it into place, so a crash
 //! leaves either the old state or the new one, never a mix. Loading checks the manifest before
 //! decoding anything and changes nothing unless every part decodes on every rank
-//! (`state_files`, `parts`). Which rank writes what is the strategy's
-//! [`StateLayout`]: one directory written by rank 0, one per rank (`sharded_state`), or one
+//! (`files`, `parts`). Which rank writes what is the strategy's
+//! [`StateLayout`]: one directory written by rank 0, one per rank (`sharded`), or one
 //! gathered from every rank's shards and written by rank 0.
 
 use std::path::Path;
@@ -24,12 +24,12 @@ use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-use crate::accelerator::Counters;
-use crate::data::DataProgress;
-use crate::parts::{
+use super::files::{check_replaceable, read_verified, recover_moved_aside, write_atomically};
+use super::parts::{
     ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file, refuse_nonfinite_models,
 };
-use crate::state_files::{check_replaceable, read_verified, recover_moved_aside, write_atomically};
+use crate::accelerator::Counters;
+use crate::data::DataProgress;
 use crate::{AccelerateError, Accelerator, NonFinitePolicy};
 
 /// The Accelerator's own part.
@@ -174,7 +174,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 self.all_ranks_succeeded(&written, "save_state")?;
                 written
             }
-            StateLayout::PerRank => self.save_rank_part(dir, parts),
+            StateLayout::PerRank | StateLayout::Sharded => self.save_rank_part(dir, parts),
             StateLayout::Gathered => {
                 // Everything that can fail on one rank alone, before any collective.
                 let local = self

@@ -11,12 +11,12 @@ use afterburner_parallel::{
 };
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::parts::StateParts;
-use crate::state::AcceleratorState;
-use crate::state_files::{
+use super::files::{
     RANK_PREFIX, holds_only_rank_states, is_our_state_dir, is_rank_dir_name, new_staging_dir,
     swap_into_place, write_state_files,
 };
+use super::parts::StateParts;
+use super::state::AcceleratorState;
 use crate::{AccelerateError, Accelerator};
 
 impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {

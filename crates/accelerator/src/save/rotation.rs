@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use afterburner_parallel::ParallelStrategy;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::state_files::is_state_dir;
-use crate::state_files::{holds_only_state_files, unique_sibling};
+use super::files::is_state_dir;
+use super::files::{holds_only_state_files, unique_sibling};
 use crate::{AccelerateError, Accelerator, StateParts};
 
 /// A checkpoint directory's name prefix.

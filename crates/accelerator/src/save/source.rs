@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use afterburner_parallel::{ParallelStrategy, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::parts::{Mode, StateParts, part_file};
-use crate::sharded_state::saved_rank_dirs;
-use crate::state::{ACCELERATOR_FILE, AcceleratorState, StateFiles};
-use crate::state_files::{MANIFEST, read_verified};
+use super::files::{MANIFEST, read_verified};
+use super::parts::{Mode, StateParts, part_file};
+use super::sharded::saved_rank_dirs;
+use super::state::{ACCELERATOR_FILE, AcceleratorState, StateFiles};
 use crate::{AccelerateError, Accelerator};
 
 /// Where a load reads: the directory, the mode, whether it is this rank's part of a sharded
@@ -20,43 +20,43 @@ pub(crate) type StateSource = (PathBuf, Mode, bool, Vec<PathBuf>);
 impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Where this rank reads a state from, whether it is a gathered (full) one, whether it
     /// is this rank's own part of a sharded one, and the saved ranks' directories to merge
-    /// when a per-rank state of another world size loads by merging (ZeRO-1; empty
-    /// otherwise). Every rank takes the same path.
+    /// when a sharded state of another world size loads into a resharding layout (ZeRO-1,
+    /// FSDP; empty otherwise). Every rank takes the same path.
     pub(crate) fn state_source(&self, dir: &Path) -> Result<StateSource, AccelerateError> {
-        if self.strategy.state_layout() == StateLayout::Replicated {
+        let layout = self.strategy.state_layout();
+        if layout == StateLayout::Replicated {
             return Ok((dir.to_path_buf(), Mode::Local, false, Vec::new()));
         }
-        if self.strategy.loads_full_state() {
-            let full = dir.join(MANIFEST).is_file();
-            // Every rank must take the same path (each runs collectives).
-            if !self.same_on_every_rank(&[u64::from(full)])? {
-                return Err(AccelerateError::RanksDisagree(format!(
-                    "load_state: the ranks do not see the same state at {} (a full state on \
-                     some, a sharded one on others)",
-                    dir.display()
-                )));
-            }
-            if full {
-                return Ok((dir.to_path_buf(), Mode::Gathered, false, Vec::new()));
-            }
-        }
         let mine = self.rank_dir(dir);
-        if self.strategy.merges_rank_states() {
-            let saved = match mine.is_dir() {
-                true => Vec::new(),
-                false => saved_rank_dirs(dir),
-            };
-            if !self.same_on_every_rank(&[saved.len() as u64])? {
-                return Err(AccelerateError::RanksDisagree(format!(
-                    "load_state: the ranks do not see the same sharded state at {}",
-                    dir.display()
-                )));
-            }
-            if let Some(rank_0) = saved.first() {
-                return Ok((rank_0.clone(), Mode::Gathered, false, saved));
-            }
+        if !layout.reshards() {
+            return Ok((mine, Mode::Local, true, Vec::new()));
         }
-        Ok((mine, Mode::Local, true, Vec::new()))
+        let full = dir.join(MANIFEST).is_file();
+        // Every rank must take the same path (each runs collectives).
+        if !self.same_on_every_rank(&[u64::from(full)])? {
+            return Err(AccelerateError::RanksDisagree(format!(
+                "load_state: the ranks do not see the same state at {} (a full state on \
+                 some, a sharded one on others)",
+                dir.display()
+            )));
+        }
+        if full {
+            return Ok((dir.to_path_buf(), Mode::Gathered, false, Vec::new()));
+        }
+        let saved = match mine.is_dir() {
+            true => Vec::new(),
+            false => saved_rank_dirs(dir),
+        };
+        if !self.same_on_every_rank(&[saved.len() as u64])? {
+            return Err(AccelerateError::RanksDisagree(format!(
+                "load_state: the ranks do not see the same sharded state at {}",
+                dir.display()
+            )));
+        }
+        match saved.first() {
+            Some(rank_0) => Ok((rank_0.clone(), Mode::Gathered, false, saved)),
+            None => Ok((mine, Mode::Local, true, Vec::new())),
+        }
     }
 
     /// Under a merged load (`ranks` not empty): `read` (rank 0's files) with each optimizer
