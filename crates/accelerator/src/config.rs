@@ -1,10 +1,9 @@
 //! The Accelerator's settings, as data (serde) with documented defaults.
 
 use afterburner_checkpoint::CheckpointPolicy;
+use afterburner_parallel::spellings;
 pub use afterburner_precision::AutocastMode;
 use afterburner_precision::{GradScalerConfig, Precision};
-use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use serde_with::{DeserializeFromStr, SerializeDisplay};
@@ -91,7 +90,26 @@ impl Default for ProjectConfig {
 }
 
 /// What a step with inf/NaN gradients does (see [`AcceleratorConfig::nonfinite_gradients`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    strum::EnumString,
+    strum::EnumIter,
+    strum::EnumMessage,
+)]
+#[strum(
+    serialize_all = "lowercase",
+    ascii_case_insensitive,
+    parse_err_ty = AccelerateError,
+    parse_err_fn = NonFinitePolicy::unknown
+)]
 pub enum NonFinitePolicy {
     /// Skip the step and count it.
     #[default]
@@ -102,30 +120,10 @@ pub enum NonFinitePolicy {
     Apply,
 }
 
-impl fmt::Display for NonFinitePolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Skip => "skip",
-            Self::Error => "error",
-            Self::Apply => "apply",
-        })
-    }
-}
-
-impl FromStr for NonFinitePolicy {
-    type Err = AccelerateError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "skip" => Ok(Self::Skip),
-            "error" => Ok(Self::Error),
-            "apply" => Ok(Self::Apply),
-            _ => Err(AccelerateError::invalid(
-                "nonfinite_gradients",
-                s,
-                "one of: skip, error, apply",
-            )),
-        }
+impl NonFinitePolicy {
+    fn unknown(given: &str) -> AccelerateError {
+        let expected = format!("one of: {}", spellings::<Self>());
+        AccelerateError::invalid("nonfinite_gradients", given, expected)
     }
 }
 

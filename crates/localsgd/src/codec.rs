@@ -2,10 +2,7 @@
 //! low-precision formats all-gather every rank's encoded gradient and each rank decodes and
 //! sums in f32 (a half-precision sum over ranks would round at every addition).
 
-use std::fmt;
-use std::str::FromStr;
-
-use afterburner_parallel::{ParallelError, ProcessGroup, ReduceOp};
+use afterburner_parallel::{ParallelError, ProcessGroup, ReduceOp, spellings};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use serde_with::{DeserializeFromStr, SerializeDisplay};
@@ -14,22 +11,57 @@ use serde_with::{DeserializeFromStr, SerializeDisplay};
 pub const INT8_CHUNK: usize = 256;
 
 /// The format of the outer gradients on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    strum::EnumString,
+    strum::EnumIter,
+    strum::EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = ParallelError,
+    parse_err_fn = OuterDtype::unknown
+)]
 pub enum OuterDtype {
     /// 4 bytes a value, one all-reduce (exact mean).
     #[default]
+    #[strum(to_string = "f32", serialize = "fp32", serialize = "float32")]
     F32,
     /// 2 bytes a value (bfloat16), all-gathered, summed in f32.
+    #[strum(to_string = "bf16", serialize = "bfloat16")]
     Bf16,
     /// 2 bytes a value (IEEE half), all-gathered, summed in f32.
+    #[strum(
+        to_string = "f16",
+        serialize = "fp16",
+        serialize = "float16",
+        serialize = "half"
+    )]
     F16,
     /// Symmetric int8 with one f32 scale per 256 values (`max |x| / 127`), three codes packed
     /// exactly into one f32 on the wire: about 1.35 bytes a value. Error per value at most
     /// `max |x| / 254` of its chunk, per rank.
+    #[strum(to_string = "int8", serialize = "i8")]
     Int8,
 }
 
 impl OuterDtype {
+    fn unknown(given: &str) -> ParallelError {
+        ParallelError::InvalidConfig {
+            field: "diloco.outer_dtype",
+            value: given.into(),
+            expected: format!("one of: {}", spellings::<Self>()),
+        }
+    }
+
     /// Bytes a value costs on the wire (the int8 scales included, for full chunks).
     pub fn bytes_per_value(self) -> f64 {
         match self {
@@ -61,35 +93,6 @@ impl OuterDtype {
             .reduce(|a, b| a + b)
             .ok_or_else(|| ParallelError::Record("an all-gather returned nothing".into()))?;
         Ok(sum.div_scalar(world).cast(dtype))
-    }
-}
-
-impl fmt::Display for OuterDtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-            Self::F16 => "f16",
-            Self::Int8 => "int8",
-        })
-    }
-}
-
-impl FromStr for OuterDtype {
-    type Err = ParallelError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "f32" | "fp32" | "float32" => Ok(Self::F32),
-            "bf16" | "bfloat16" => Ok(Self::Bf16),
-            "f16" | "fp16" | "float16" | "half" => Ok(Self::F16),
-            "int8" | "i8" => Ok(Self::Int8),
-            _ => Err(ParallelError::InvalidConfig {
-                field: "diloco.outer_dtype",
-                value: s.to_string(),
-                expected: "one of: f32, bf16, f16, int8".into(),
-            }),
-        }
     }
 }
 

@@ -1,15 +1,30 @@
 //! How the mixed precisions run the forward pass: per op, through a half view, or whichever
 //! the backend allows.
 
-use core::fmt;
-use core::str::FromStr;
-
 use serde_with::{DeserializeFromStr, SerializeDisplay};
 
 use crate::PrecisionError;
 
 /// How the mixed precisions run the forward (the `autocast` setting of the Accelerator).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    strum::EnumString,
+    strum::VariantNames,
+)]
+#[strum(
+    serialize_all = "lowercase",
+    ascii_case_insensitive,
+    parse_err_ty = PrecisionError,
+    parse_err_fn = AutocastMode::unknown
+)]
 pub enum AutocastMode {
     /// "op" where the backend has `Autocast`, "view" otherwise.
     #[default]
@@ -20,29 +35,13 @@ pub enum AutocastMode {
     View,
 }
 
-impl fmt::Display for AutocastMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::Op => "op",
-            Self::View => "view",
-        })
-    }
-}
-
-impl FromStr for AutocastMode {
-    type Err = PrecisionError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
-            "op" => Ok(Self::Op),
-            "view" => Ok(Self::View),
-            _ => Err(PrecisionError::InvalidSetting {
-                field: "autocast",
-                value: s.to_string(),
-                expected: "one of: auto, op, view".into(),
-            }),
+impl AutocastMode {
+    fn unknown(given: &str) -> PrecisionError {
+        use strum::VariantNames;
+        PrecisionError::InvalidSetting {
+            field: "autocast",
+            value: given.into(),
+            expected: format!("one of: {}", Self::VARIANTS.join(", ")),
         }
     }
 }

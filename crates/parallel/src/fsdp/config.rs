@@ -8,7 +8,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_with::{DeserializeFromStr, SerializeDisplay};
 
-use crate::ParallelError;
+use crate::{ParallelError, spellings};
 
 /// FSDP settings: Accelerate's `fsdp_config` section, as a `[fsdp]` table (unknown keys are
 /// errors; missing ones take the defaults).
@@ -30,78 +30,102 @@ pub struct FsdpConfig {
 }
 
 /// What an FSDP save writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    strum::EnumString,
+    strum::EnumIter,
+    strum::EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = ParallelError,
+    parse_err_fn = StateDictType::unknown
+)]
 pub enum StateDictType {
     /// Every rank writes its own shards (`SHARDED_STATE_DICT`).
     #[default]
+    #[strum(to_string = "sharded", serialize = "SHARDED_STATE_DICT")]
     Sharded,
     /// Rank 0 writes the gathered parameters and optimizer state (`FULL_STATE_DICT`).
+    #[strum(to_string = "full", serialize = "FULL_STATE_DICT")]
     Full,
 }
 
-impl fmt::Display for StateDictType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Sharded => "sharded",
-            Self::Full => "full",
-        })
-    }
-}
-
-impl FromStr for StateDictType {
-    type Err = ParallelError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "sharded" | "sharded_state_dict" => Ok(Self::Sharded),
-            "full" | "full_state_dict" => Ok(Self::Full),
-            _ => Err(ParallelError::InvalidConfig {
-                field: "fsdp.state_dict_type",
-                value: s.to_string(),
-                expected: "sharded (SHARDED_STATE_DICT) or full (FULL_STATE_DICT)".into(),
-            }),
+impl StateDictType {
+    fn unknown(given: &str) -> ParallelError {
+        ParallelError::InvalidConfig {
+            field: "fsdp.state_dict_type",
+            value: given.into(),
+            expected: format!("one of: {}", spellings::<Self>()),
         }
     }
 }
 
 /// What each rank keeps only a shard of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, SerializeDisplay, DeserializeFromStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    strum::EnumString,
+    strum::EnumIter,
+    strum::EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = ParallelError,
+    parse_err_fn = ShardingStrategy::unknown
+)]
 pub enum ShardingStrategy {
     /// Parameters, gradients and optimizer state sharded (ZeRO-3, PyTorch `FULL_SHARD`):
     /// a unit's parameters are gathered when the forward pass first reads them.
     #[default]
+    #[strum(
+        to_string = "full",
+        serialize = "FULL_SHARD",
+        serialize = "full-shard",
+        serialize = "1"
+    )]
     Full,
     /// Gradients and optimizer state sharded, parameters replicated (ZeRO-2,
     /// `SHARD_GRAD_OP`): one gather per unit after each optimizer step, none in the forward.
+    #[strum(
+        to_string = "grad-op",
+        serialize = "grad_op",
+        serialize = "SHARD_GRAD_OP",
+        serialize = "shard-grad-op",
+        serialize = "2"
+    )]
     GradOp,
     /// Nothing sharded (`NO_SHARD`): plain DDP.
+    #[strum(
+        to_string = "none",
+        serialize = "NO_SHARD",
+        serialize = "no-shard",
+        serialize = "3"
+    )]
     NoShard,
 }
 
-impl fmt::Display for ShardingStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Full => "full",
-            Self::GradOp => "grad-op",
-            Self::NoShard => "none",
-        })
-    }
-}
-
-impl FromStr for ShardingStrategy {
-    type Err = ParallelError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
-            "full" | "full-shard" | "1" => Ok(Self::Full),
-            "grad-op" | "shard-grad-op" | "2" => Ok(Self::GradOp),
-            "none" | "no-shard" | "3" => Ok(Self::NoShard),
-            _ => Err(ParallelError::InvalidConfig {
-                field: "fsdp.sharding_strategy",
-                value: s.to_string(),
-                expected: "one of: full (FULL_SHARD), grad-op (SHARD_GRAD_OP), none (NO_SHARD)"
-                    .into(),
-            }),
+impl ShardingStrategy {
+    fn unknown(given: &str) -> ParallelError {
+        ParallelError::InvalidConfig {
+            field: "fsdp.sharding_strategy",
+            value: given.into(),
+            expected: format!("one of: {}", spellings::<Self>()),
         }
     }
 }
