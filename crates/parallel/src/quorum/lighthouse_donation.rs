@@ -1,0 +1,92 @@
+//! Healing through the lighthouse: a live replica's state handed to the replicas waiting to
+//! join, which take part from the collective after it.
+
+use std::sync::{Arc, PoisonError};
+use std::time::Instant;
+
+use super::{Donation, Lighthouse, Member, Session};
+use crate::ParallelError;
+
+impl Lighthouse {
+    /// The donor's state for every waiting joiner: they take part from collective `next_seq`.
+    pub(crate) fn send_state(
+        &self,
+        session: &Session,
+        next_seq: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), ParallelError> {
+        let mut state = self.lock();
+        Self::check_session(&state, session, "send_state")?;
+        if state.donor != Some(session.replica) {
+            return Ok(()); // nobody waits for this replica's state any more
+        }
+        state.healing_bytes += bytes.len() as u64;
+        let donation = Donation {
+            next_seq,
+            bytes: Arc::new(bytes),
+        };
+        let joiners = std::mem::take(&mut state.joiners);
+        for (replica, number) in joiners {
+            state.members.insert(
+                replica,
+                Member {
+                    session: number,
+                    from_seq: next_seq,
+                },
+            );
+            state.donations.insert(replica, donation.clone());
+            tracing::info!(
+                replica,
+                from = session.replica,
+                collective = next_seq,
+                "replica healed from a live replica; it joins at collective {next_seq}"
+            );
+        }
+        state.donor = None;
+        // The joiners load the state before their first collective: the collectives they take
+        // part in count their timeout from now.
+        let now = Instant::now();
+        state
+            .rounds
+            .range_mut(next_seq..)
+            .for_each(|(_, round)| round.first_at = now);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Blocks until a live replica's state arrives for `session`'s joining replica.
+    pub(crate) fn receive_state(&self, session: &Session) -> Result<Donation, ParallelError> {
+        let deadline = Instant::now() + self.config.join_timeout;
+        let mut state = self.lock();
+        loop {
+            Self::check_session(&state, session, "receive_state")?;
+            if let Some(donation) = state.donations.remove(&session.replica) {
+                return Ok(donation);
+            }
+            if state.started && state.members.is_empty() {
+                state.joiners.remove(&session.replica);
+                return Err(ParallelError::Collective {
+                    op: "receive_state",
+                    rank: session.replica,
+                    reason: "no live replica is left to send its state (the run ended or \
+                             every replica failed)"
+                        .into(),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                state.joiners.remove(&session.replica);
+                return Err(ParallelError::Timeout {
+                    op: "receive_state (no live replica sent its state)",
+                    rank: session.replica,
+                    seconds: self.config.join_timeout.as_secs_f64(),
+                });
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
