@@ -201,7 +201,13 @@ fn command_line_errors_name_the_option_as_typed_and_suggest_the_nearest() {
     assert!(line("--precision").contains("bf16-mixed"), "{text}");
     assert!(line("--autocast").contains("view"), "{text}");
     assert!(line("--optim").contains("sgd"), "{text}");
-    assert!(line("--learning-rate").contains("(default: "), "{text}");
+    assert!(
+        line("--learning-rate").contains("[default: 0.00005]"),
+        "{text}"
+    );
+    // HF's underscore spellings parse too.
+    let args = TrainingArguments::from_args(["--num_train_epochs", "2", "--bf16=false"]).unwrap();
+    assert_eq!((args.num_train_epochs, args.bf16), (2.0, false));
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! The string-valued choices of `TrainingArguments`: when events happen, how the loss is
 //! normalised, which learning-rate schedule, which optimizer. Each variant's spellings are
 //! written once, in its `strum` attribute (`to_string` the one printed): parsing (any case),
-//! printing, the error's list of values and `--help` all read them.
+//! printing, the error's list of values and the command line's values (`--help`, its
+//! errors) all read them.
 
+use clap::builder::PossibleValue;
 use serde_with::{DeserializeFromStr, SerializeDisplay};
 use strum::{EnumIter, EnumMessage, EnumString, IntoEnumIterator};
 
@@ -15,34 +17,52 @@ pub struct UnknownValue {
 }
 
 impl UnknownValue {
-    /// The error for `given`, listing `E`'s values.
-    fn of<E: Spelled>(given: &str) -> Self {
+    /// The error for `given`, listing `valid` (as [`listed`] writes them).
+    pub(super) fn new(given: impl Into<String>, valid: impl Into<String>) -> Self {
         Self {
             given: given.into(),
-            valid: E::values(),
+            valid: valid.into(),
         }
+    }
+
+    /// The error for `given`, listing `E`'s values.
+    fn of<E: Spelled>(given: &str) -> Self {
+        Self::new(given, E::values())
     }
 }
 
 /// A choice whose variants list their spellings.
 pub(super) trait Spelled: IntoEnumIterator + EnumMessage + std::fmt::Display {
-    /// Every value as printed, its other spellings in parentheses: `adamw (adamw_torch), sgd`.
-    fn values() -> String {
+    /// Every value as the command line takes it: the printed name, the other spellings as
+    /// aliases (`adamw`, also `adamw_torch`).
+    fn possible_values() -> Vec<PossibleValue> {
         let each = Self::iter().map(|value| {
             let printed = value.to_string();
-            let others: Vec<&str> = value
-                .get_serializations()
-                .iter()
-                .copied()
-                .filter(|name| *name != printed)
-                .collect();
-            match others.is_empty() {
-                true => printed,
-                false => format!("{printed} ({})", others.join(", ")),
-            }
+            let others = value.get_serializations().iter().copied();
+            let others: Vec<&'static str> = others.filter(|name| *name != printed).collect();
+            PossibleValue::new(printed).aliases(others)
         });
-        each.collect::<Vec<_>>().join(", ")
+        each.collect()
     }
+
+    /// Every value as printed, its other spellings in parentheses: `adamw (adamw_torch), sgd`.
+    fn values() -> String {
+        listed(&Self::possible_values())
+    }
+}
+
+/// `values` as errors list them: each name, its other spellings in parentheses.
+pub(super) fn listed(values: &[PossibleValue]) -> String {
+    let each = values.iter().map(|value| {
+        let mut names = value.get_name_and_aliases();
+        let printed = names.next().unwrap_or_default();
+        let others: Vec<&str> = names.collect();
+        match others.is_empty() {
+            true => printed.to_string(),
+            false => format!("{printed} ({})", others.join(", ")),
+        }
+    });
+    each.collect::<Vec<_>>().join(", ")
 }
 
 impl<E: IntoEnumIterator + EnumMessage + std::fmt::Display> Spelled for E {}

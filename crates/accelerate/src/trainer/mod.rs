@@ -34,7 +34,6 @@ mod checkpoints;
 mod choices;
 mod cli;
 mod evaluate;
-mod help;
 mod metrics;
 mod optim;
 mod output;

@@ -1,14 +1,11 @@
-//! The command line's `--help` text (one line per option: what it does, its allowed values,
-//! its default) and the nearest option to a mistyped one.
+//! What the command line's `--help` says beyond what clap writes from the options: each
+//! key's description (the one table of them), the text above the options and the list of
+//! strategies below them.
 
-use serde_json::{Map, Value};
-
-pub(super) use afterburner_accelerator::suggest::nearest;
-
-use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, SchedulerType, Spelled};
 use crate::StrategyConfig;
 
-/// One line per `TrainingArguments` key: what it sets and, where the values are a set, which.
+/// One line per `TrainingArguments` key: what it sets (clap adds the default and, for the four
+/// choices, their values from their enums; the other keys with a set of values name them).
 const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         "output_dir",
@@ -123,7 +120,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ("disable_tqdm", "no progress bar"),
     (
         "strategy",
-        "how training is spread over devices (see the strategies below)",
+        "how training is spread over devices: a strategy's name (see the strategies below)",
     ),
     ("devices", "devices (worker threads) to train on"),
     (
@@ -144,88 +141,23 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
 ];
 
-/// The `--help` text: `--config`, then every key with its description and default, then the
-/// program's own options.
-pub(super) fn help(defaults: &Map<String, Value>, extra: &[&str]) -> String {
-    let mut rows = vec![(
-        "--config FILE".to_string(),
-        "a TOML or JSON file of keys; options after it override it".to_string(),
-    )];
-    for (key, default) in defaults {
-        let value = match default {
-            Value::Bool(_) => String::new(),
-            Value::Number(_) => " N".into(),
-            _ => " VALUE".into(),
-        };
-        let described = match (description(key), values(key)) {
-            (Some(text), Some(values)) => format!("{text}: {values}"),
-            (text, _) => text.unwrap_or_default().to_string(),
-        };
-        let default = match default {
-            Value::Null => "unset".to_string(),
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        rows.push((
-            format!("--{}{value}", key.replace('_', "-")),
-            format!("{described} (default: {default})"),
-        ));
-    }
-    for own in extra {
-        let (name, text) = own
-            .split_once(':')
-            .map_or((*own, "this program's own option"), |(n, t)| (n, t));
-        rows.push((format!("--{} VALUE", name.trim()), text.trim().to_string()));
-    }
-    let width = rows.iter().map(|(o, _)| o.len()).max().unwrap_or(0);
-    let mut lines =
-        vec!["options (TrainingArguments keys, HF's names; a flag may be given alone):".into()];
-    lines.extend(
-        rows.into_iter()
-            .map(|(option, text)| format!("  {option:width$}  {text}")),
-    );
-    lines.push(format!("  {:width$}  this text", "--help"));
-    lines.push(String::new());
-    lines.extend(strategies());
-    lines.join("\n")
-}
+/// What `--help` says first, above the usage line.
+pub(super) const ABOUT: &str = "Training arguments: HF's TrainingArguments keys in kebab-case \
+     (HF's underscore spellings are taken too: --num_train_epochs 3); a flag may be given alone \
+     (--bf16) or with true or false; --config FILE first, the options given override it.";
 
-/// The strategies `--strategy` takes, each with its description and options
-/// (`--<strategy>.<option>` and its default).
-fn strategies() -> Vec<String> {
+/// The strategies `--strategy` takes, each with its description: `--help`'s last part (their
+/// options are listed above it, under a heading each).
+pub(super) fn strategies() -> String {
     let mut lines =
-        vec!["strategies (--strategy NAME; its options as --NAME.OPTION VALUE):".into()];
+        vec!["Strategies (--strategy NAME; its options as --NAME.OPTION VALUE, above):".into()];
     for name in StrategyConfig::names() {
         let about = StrategyConfig::about(&name).unwrap_or("a registered strategy");
         let about = about.split(". ").next().unwrap_or_default();
         let about = about.split_whitespace().collect::<Vec<_>>().join(" ");
         lines.push(format!("  {name}: {}", about.trim_end_matches('.')));
-        let options = StrategyConfig::from_name(&name)
-            .ok()
-            .and_then(|config| config.options())
-            .unwrap_or_default();
-        for (key, default) in options {
-            let default = match default {
-                Value::Null => "unset".to_string(),
-                Value::String(s) => s,
-                other => other.to_string(),
-            };
-            let option = format!("--{name}.{}", key.replace('_', "-"));
-            lines.push(format!("    {option} VALUE (default: {default})"));
-        }
     }
-    lines
-}
-
-/// The values of a choice-valued `key`, from its enum.
-fn values(key: &str) -> Option<String> {
-    Some(match key {
-        "optim" => OptimizerType::values(),
-        "lr_scheduler_type" => SchedulerType::values(),
-        "loss_normalization" => LossNormalization::values(),
-        "eval_strategy" | "logging_strategy" | "save_strategy" => IntervalStrategy::values(),
-        _ => return None,
-    })
+    lines.join("\n")
 }
 
 /// The one-line description of `key` (snake_case).
@@ -238,6 +170,8 @@ pub(super) fn description(key: &str) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
     use crate::trainer::TrainingArguments;
 
@@ -253,32 +187,5 @@ mod tests {
         for (key, _) in DESCRIPTIONS {
             assert!(keys.contains_key(*key), "--help describes {key}, not a key");
         }
-    }
-
-    #[test]
-    fn every_strategy_and_its_options_are_in_the_help() {
-        let defaults = match serde_json::to_value(TrainingArguments::default()) {
-            Ok(Value::Object(map)) => map,
-            _ => panic!("TrainingArguments is a table"),
-        };
-        let text = help(&defaults, &[]);
-        for name in StrategyConfig::names() {
-            assert!(
-                text.contains(&format!("  {name}: ")),
-                "{name} missing:\n{text}"
-            );
-        }
-        assert!(
-            text.contains("--diloco.sync-every VALUE (default: 500)"),
-            "{text}"
-        );
-        assert!(
-            text.contains("--local-sgd.local-sgd-steps VALUE (default: 8)"),
-            "{text}"
-        );
-        assert!(
-            text.contains("--fsdp.sharding-strategy VALUE (default: full)"),
-            "{text}"
-        );
     }
 }
