@@ -227,6 +227,10 @@ impl NamedStrategy<B> for Counting {
             steps: Arc::default(),
         })
     }
+
+    fn option_about(key: &str) -> Option<&'static str> {
+        (key == "every").then_some("Count every this many steps.")
+    }
 }
 
 #[test]
@@ -276,6 +280,19 @@ fn a_registered_strategy_is_chosen_by_the_trainers_command_line() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("did you mean every"), "{err}");
+    // --help lists its options with their descriptions.
+    let help = match defaults("registered-help").with_args(["--help"], &[]) {
+        Err(AccelerateError::Help(text)) => text,
+        other => panic!("{:?}", other.map(|_| ())),
+    };
+    let line = help
+        .lines()
+        .find(|l| l.contains("--counting.every"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("Count every this many steps") && line.contains("[default: 1]"),
+        "{help}"
+    );
     // A built-in name cannot be taken.
     struct Impostor;
     impl StateSaving<B> for Impostor {}

@@ -6,8 +6,9 @@ use afterburner_parallel::{AutoWrapPolicy, ParallelError};
 use crate::OuterDtype;
 use serde::{Deserialize, Serialize};
 
-/// Local SGD settings: the `[local_sgd]` table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Local SGD settings: the `[local_sgd]` table (each field's doc comment is the description
+/// `--help` shows for the option).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, documented::DocumentedFields)]
 #[serde(default, deny_unknown_fields)]
 pub struct LocalSgdConfig {
     /// Optimizer steps between two parameter averages (Accelerate's `local_sgd_steps`; counts
@@ -43,8 +44,9 @@ impl LocalSgdConfig {
 }
 
 /// DiLoCo settings: the `[diloco]` table. The outer optimizer's defaults are the paper's:
-/// SGD, lr 0.7, momentum 0.9, Nesterov (PyTorch's formula, dampening 0).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// SGD, lr 0.7, momentum 0.9, Nesterov (PyTorch's formula, dampening 0). Each field's doc
+/// comment is the description `--help` shows for the option.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, documented::DocumentedFields)]
 #[serde(default, deny_unknown_fields)]
 pub struct DiLoCoConfig {
     /// Inner optimizer steps between two outer steps (H). Default 500.

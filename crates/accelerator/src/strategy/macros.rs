@@ -52,6 +52,25 @@ macro_rules! built_in_strategies {
             User(U),
         }
 
+        impl StrategyConfig {
+            /// What option `key` of this strategy sets: its field's doc comment (a
+            /// registered strategy's from [`NamedStrategy::option_about`]); `None` for a key
+            /// it does not have.
+            pub fn option_about(&self, key: &str) -> Option<&'static str> {
+                $($(
+                    if let Self::$variant(_) = self {
+                        return <$options as documented::DocumentedFields>::get_field_docs(key).ok();
+                    }
+                )?)+
+                match self {
+                    Self::Registered(registered) => {
+                        crate::strategy::named::option_about(registered.name(), key)
+                    }
+                    _ => None,
+                }
+            }
+        }
+
         forward_every_phase!($($variant)+);
     };
 }

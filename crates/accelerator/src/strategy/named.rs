@@ -28,6 +28,14 @@ pub trait NamedStrategy<B: AutodiffBackend>: ParallelStrategy<B> + Sized {
 
     /// This rank's strategy over `group` (`None` on a single device).
     fn build(group: Option<Group<B>>, options: Self::Options) -> Result<Self, AccelerateError>;
+
+    /// What option `key` sets, for `--help` (default: no description). With
+    /// `#[derive(documented::DocumentedFields)]` on the options struct, its field docs:
+    /// `Options::get_field_docs(key).ok()`.
+    fn option_about(key: &str) -> Option<&'static str> {
+        let _ = key;
+        None
+    }
 }
 
 /// No strategy of the user's: [`AnyStrategy`](super::AnyStrategy)'s default, which builds the
@@ -86,6 +94,7 @@ struct Registration {
     name: &'static str,
     defaults: fn() -> Value,
     check: fn(Value) -> Result<Value, String>,
+    about: fn(&str) -> Option<&'static str>,
 }
 
 static REGISTERED: Mutex<Vec<Registration>> = Mutex::new(Vec::new());
@@ -113,6 +122,7 @@ pub fn register_strategy<B: AutodiffBackend, S: NamedStrategy<B>>() -> Result<()
         name,
         defaults: || serde_json::to_value(S::Options::default()).unwrap_or(Value::Null),
         check: check_options::<S::Options>,
+        about: S::option_about,
     });
     Ok(())
 }
@@ -121,6 +131,13 @@ pub fn register_strategy<B: AutodiffBackend, S: NamedStrategy<B>>() -> Result<()
 pub(super) fn names() -> Vec<String> {
     let registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
     registered.iter().map(|r| r.name.to_string()).collect()
+}
+
+/// What option `key` of the registered strategy `name` sets, if it says.
+pub(super) fn option_about(name: &str, key: &str) -> Option<&'static str> {
+    let registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
+    let registration = registered.iter().find(|r| r.name == name)?;
+    (registration.about)(key)
 }
 
 /// The registered strategy `name` with `options` (defaults when `None`), or `None` when no

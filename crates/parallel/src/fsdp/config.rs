@@ -11,8 +11,11 @@ use serde_with::{DeserializeFromStr, SerializeDisplay};
 use crate::{ParallelError, spellings};
 
 /// FSDP settings: Accelerate's `fsdp_config` section, as a `[fsdp]` table (unknown keys are
-/// errors; missing ones take the defaults).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// errors; missing ones take the defaults). Each field's doc comment is the description
+/// `--help` shows for the option.
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, documented::DocumentedFields,
+)]
 #[serde(default, deny_unknown_fields)]
 pub struct FsdpConfig {
     /// What is sharded: "full" (default; ZeRO-3, `FULL_SHARD`), "grad-op" (ZeRO-2,

@@ -121,10 +121,10 @@ impl Options {
 
     /// The options of strategy `name`, under a heading of their own.
     fn add_strategy(&mut self, name: &str) {
-        let defaults = StrategyConfig::from_name(name)
-            .ok()
-            .and_then(|config| config.options())
-            .unwrap_or_default();
+        let Ok(config) = StrategyConfig::from_name(name) else {
+            return;
+        };
+        let defaults = config.options().unwrap_or_default();
         if defaults.is_empty() {
             return;
         }
@@ -138,9 +138,10 @@ impl Options {
                 format!("{snake}.{key}"),
                 format!("{snake}.{}", key.replace('_', "-")),
             ];
+            let about = config.option_about(&key).map(first_sentence);
             let arg = with_default(
                 Arg::new(long).value_name(value_name(&default)),
-                "",
+                about.as_deref().unwrap_or_default(),
                 &default,
             );
             self.add(
@@ -198,6 +199,17 @@ fn with_default(arg: Arg, text: &str, default: &Value) -> Arg {
         Value::String(s) => arg.help(text.to_string()).default_value(s.clone()),
         other => arg.help(text.to_string()).default_value(other.to_string()),
     }
+}
+
+/// The first sentence of a doc comment, on one line, without Markdown's backticks: what
+/// `--help` shows beside a strategy's option.
+fn first_sentence(doc: &str) -> String {
+    let one_line = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    let first = match one_line.find(". ") {
+        Some(end) => &one_line[..=end],
+        None => &one_line,
+    };
+    first.trim_end_matches('.').replace('`', "")
 }
 
 /// The placeholder of an option's value: `BOOL` for a flag, `N` for a number.

@@ -76,6 +76,31 @@ fn help_lists_every_strategy_and_its_options() {
         assert!(line.contains(&format!("[default: {default}]")), "{line}");
     }
     assert!(text.contains("Options of strategy diloco (with --strategy diloco):"));
+    // Every option of every built-in strategy has its description (its field's doc comment).
+    for name in StrategyConfig::names() {
+        let config = StrategyConfig::from_name(&name).unwrap();
+        if matches!(config, StrategyConfig::Registered(_)) {
+            continue;
+        }
+        for key in config.options().unwrap_or_default().keys() {
+            let about = config.option_about(key);
+            assert!(
+                about.is_some_and(|a| !a.is_empty()),
+                "{name}.{key} has no description"
+            );
+            let line = line(&text, &format!("--{name}.{}", key.replace('_', "-")));
+            let described = line
+                .split_once('>')
+                .map(|(_, rest)| rest.trim())
+                .unwrap_or("");
+            assert!(!described.starts_with("[default"), "{name}.{key}: {line}");
+        }
+    }
+    let line = line(&text, "--diloco.sync-every");
+    assert!(
+        line.contains("Inner optimizer steps between two outer steps"),
+        "{line}"
+    );
 }
 
 #[test]
