@@ -45,7 +45,7 @@ fn help_exits_zero_and_describes_each_option_with_its_values() {
                 "--precision",
                 "bf16-mixed",
                 "--autocast",
-                "--data VALUE",
+                "--data <VALUE>",
                 "digits (default, built in) or cifar10",
                 "--learning-rate",
             ],
