@@ -7,6 +7,9 @@
 //! - MPI (`--features mpi`: multi-process runs under `mpirun`): Open MPI and libclang.
 //! - wgpu (the backend suite of xtask/src/suite on Burn's wgpu backend): a Vulkan loader and
 //!   driver; Mesa's software driver (lavapipe) runs it on a machine with no GPU.
+//! - tensorboard (crates/accelerate/tests/tensorboard.rs reads the Trainer's event files with
+//!   TensorBoard's own reader): a Python (`AFTERBURNER_PYTHON`, else `python3`) with the
+//!   `tensorboard` package. The test skips itself where it is missing; this says so at the end.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -16,7 +19,10 @@ const MPI_PACKAGES: &str = "libopenmpi-dev openmpi-bin libclang-dev";
 /// The Debian/Ubuntu packages of the Vulkan loader and Mesa's drivers (lavapipe on the CPU).
 const VULKAN_PACKAGES: &str = "libvulkan1 mesa-vulkan-drivers";
 
-/// Set to a comma-separated list of suites (`mpi`, `wgpu`) that must run: a machine missing
+/// How to install what the TensorBoard reader test needs.
+const TENSORBOARD_INSTALL: &str = "python3 -m pip install tensorboard";
+
+/// Set to a comma-separated list of suites (`mpi`, `wgpu`, `tensorboard`) that must run: a machine missing
 /// their packages then fails instead of skipping them (CI sets it).
 const REQUIRE: &str = "AFTERBURNER_REQUIRE_SUITES";
 
@@ -24,8 +30,13 @@ fn main() -> ExitCode {
     let extra: Vec<String> = std::env::args().skip(1).collect();
     let mpi = missing_for_mpi();
     let vulkan = missing_for_vulkan();
+    let tensorboard = missing_for_tensorboard();
     let required = std::env::var(REQUIRE).unwrap_or_default();
-    for (suite, missing) in [("mpi", &mpi), ("wgpu", &vulkan)] {
+    for (suite, missing) in [
+        ("mpi", &mpi),
+        ("wgpu", &vulkan),
+        ("tensorboard", &tensorboard),
+    ] {
         if let Some(missing) = missing
             && required.split(',').any(|r| r.trim() == suite)
         {
@@ -76,7 +87,27 @@ fn main() -> ExitCode {
              install -y {VULKAN_PACKAGES})"
         );
     }
+    if let Some(missing) = &tensorboard {
+        println!(
+            "test-all: the TensorBoard reader test was skipped ({missing}; {TENSORBOARD_INSTALL}, \
+             or set AFTERBURNER_PYTHON to a Python that has it)"
+        );
+    }
     ExitCode::from(code)
+}
+
+/// What the TensorBoard reader test lacks (`None`: nothing): a Python that imports
+/// `tensorboard` (`AFTERBURNER_PYTHON`, else `python3`).
+fn missing_for_tensorboard() -> Option<String> {
+    let python = std::env::var("AFTERBURNER_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let found = Command::new(&python)
+        .args(["-c", "import tensorboard"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    match found {
+        true => None,
+        false => Some(format!("{python} cannot import tensorboard")),
+    }
 }
 
 /// The caller's arguments: those for cargo (before `--`) and those for the test binaries.

@@ -7,7 +7,8 @@ use crate::checkpoint::CheckpointPolicy;
 use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 
-use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, SchedulerType};
+use super::args_file::{parse_json, parse_toml, read_file};
+use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, ReportTo, SchedulerType};
 use crate::{AccelerateError, AcceleratorConfig, AutocastMode, StrategyConfig};
 
 /// Everything the [`Trainer`](super::Trainer) needs to know, with the names and defaults of
@@ -120,6 +121,12 @@ pub struct TrainingArguments {
     /// No progress bar (the log lines stay). Default false: a bar when standard error is a
     /// terminal.
     pub disable_tqdm: bool,
+    /// Where logs go besides `log.jsonl`: "none" (default) or "tensorboard" (or "all"):
+    /// TensorBoard event files in `logging_dir`, every logged value under HF's tags
+    /// (`train/loss`, `eval/loss`, ...).
+    pub report_to: ReportTo,
+    /// TensorBoard's directory. Default: `output_dir/runs`.
+    pub logging_dir: Option<PathBuf>,
     /// How training is spread over devices, with the strategy's options: a name (default
     /// "single-device"; see [`StrategyConfig`]) or a table of options under the name
     /// (`[strategy.diloco]` with `sync_every = 50` in TOML; `--strategy diloco
@@ -183,6 +190,8 @@ impl Default for TrainingArguments {
             dataloader_drop_last: false,
             dataloader_num_workers: 0,
             disable_tqdm: false,
+            report_to: ReportTo::None,
+            logging_dir: None,
             strategy: StrategyConfig::SingleDevice,
             devices: 1,
             stop_on_signal: false,
@@ -284,6 +293,13 @@ impl TrainingArguments {
             stop_on_signal: self.stop_on_signal,
             ..base
         }
+    }
+
+    /// TensorBoard's directory: `logging_dir`, or `output_dir/runs`.
+    pub fn tensorboard_dir(&self) -> PathBuf {
+        self.logging_dir
+            .clone()
+            .unwrap_or_else(|| self.output_dir.join("runs"))
     }
 
     /// Checks every value, HF's cross-checks included; the error names the key.
@@ -445,49 +461,4 @@ impl TrainingArguments {
         }
         self.accelerator_config().validate()
     }
-}
-
-/// A TOML or JSON file's keys as a JSON object.
-pub(crate) fn read_file(path: &Path) -> Result<serde_json::Value, AccelerateError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| AccelerateError::io("read training arguments", path, e))?;
-    let parsed = match path.extension().is_some_and(|e| e == "toml") {
-        true => parse_toml(&text),
-        false => parse_json(&text),
-    };
-    parsed.map_err(|e| AccelerateError::Corrupt {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
-}
-
-fn parse_toml(text: &str) -> Result<serde_json::Value, AccelerateError> {
-    let table: toml::Table =
-        toml::from_str(text).map_err(|e| AccelerateError::InvalidArgument {
-            key: "(TOML)".into(),
-            reason: e.to_string(),
-        })?;
-    // TOML has nan and inf, JSON (what the keys go through) has not: say so by name.
-    for (key, value) in &table {
-        if let toml::Value::Float(x) = value
-            && !x.is_finite()
-        {
-            return Err(AccelerateError::argument(
-                key,
-                x,
-                "a finite number (NaN and inf are not allowed)",
-            ));
-        }
-    }
-    serde_json::to_value(table).map_err(|e| AccelerateError::InvalidArgument {
-        key: "(TOML)".into(),
-        reason: e.to_string(),
-    })
-}
-
-fn parse_json(text: &str) -> Result<serde_json::Value, AccelerateError> {
-    serde_json::from_str(text).map_err(|e| AccelerateError::InvalidArgument {
-        key: "(JSON)".into(),
-        reason: e.to_string(),
-    })
 }

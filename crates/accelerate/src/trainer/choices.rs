@@ -204,6 +204,46 @@ pub enum OptimizerType {
     Sgd,
 }
 
+/// Where the Trainer reports its logs besides `log.jsonl` (HF's `report_to`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    SerializeDisplay,
+    DeserializeFromStr,
+    strum::Display,
+    EnumString,
+    EnumIter,
+    EnumMessage,
+)]
+#[strum(
+    ascii_case_insensitive,
+    parse_err_ty = UnknownValue,
+    parse_err_fn = UnknownValue::of::<Self>
+)]
+pub enum ReportTo {
+    /// Nowhere else.
+    #[default]
+    #[strum(to_string = "none")]
+    None,
+    /// TensorBoard event files in `logging_dir`.
+    #[strum(to_string = "tensorboard")]
+    TensorBoard,
+    /// Every integration there is (TensorBoard).
+    #[strum(to_string = "all")]
+    All,
+}
+
+impl ReportTo {
+    /// Whether TensorBoard event files are written.
+    pub fn tensorboard(self) -> bool {
+        matches!(self, Self::TensorBoard | Self::All)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +264,7 @@ mod tests {
         check::<LossNormalization>();
         check::<SchedulerType>();
         check::<OptimizerType>();
+        check::<ReportTo>();
         let err = "adam_w".parse::<OptimizerType>().unwrap_err().to_string();
         assert_eq!(
             err,

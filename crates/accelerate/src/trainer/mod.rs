@@ -29,6 +29,7 @@
 //! ```
 
 mod args;
+mod args_file;
 mod callbacks;
 mod checkpoints;
 mod choices;
@@ -40,6 +41,7 @@ mod output;
 mod run;
 mod schedule;
 mod state;
+mod tensorboard;
 mod types;
 
 use std::sync::Arc;
@@ -61,7 +63,7 @@ pub use checkpoints::{
     checkpoint_dir, checkpoints_to_delete, list_checkpoints, resolve_checkpoint,
 };
 pub use choices::{
-    IntervalStrategy, LossNormalization, OptimizerType, SchedulerType, UnknownValue,
+    IntervalStrategy, LossNormalization, OptimizerType, ReportTo, SchedulerType, UnknownValue,
 };
 pub use metrics::{EvalMetric, MetricSet};
 pub use optim::{ArgsOptimizer, ArgsState, ArgsStateItem, HfOptimizer, optimizer_from_args};
@@ -273,7 +275,10 @@ where
             max_steps: max_steps as u64,
             ..TrainerState::default()
         };
-        let log = RunLog::new(&args.output_dir, acc.is_main_process(), !args.disable_tqdm);
+        let mut log = RunLog::new(&args.output_dir, acc.is_main_process(), !args.disable_tqdm);
+        if args.report_to.tensorboard() {
+            log = log.with_tensorboard(&args.tensorboard_dir());
+        }
         Ok(Self {
             acc,
             args,

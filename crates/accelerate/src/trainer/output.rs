@@ -1,6 +1,7 @@
 //! Where the Trainer's logs go: `output_dir/log.jsonl` (one JSON object per log or
-//! evaluation), a progress bar on a terminal (a progress line per log otherwise) and a
-//! `tracing` event, all on the main process only.
+//! evaluation), TensorBoard event files when asked (`report_to`), a progress bar on a
+//! terminal (a progress line per log otherwise) and a `tracing` event, all on the main
+//! process only.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -11,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 
 use super::LogEntry;
+use super::tensorboard::TensorBoardLog;
 use crate::AccelerateError;
 
 /// The metrics log file's name in `output_dir`.
@@ -24,6 +26,8 @@ pub(crate) struct RunLog {
     /// Whether a progress bar may be drawn (HF's `disable_tqdm` off).
     bar_allowed: bool,
     bar: Option<ProgressBar>,
+    /// TensorBoard event files (`report_to = "tensorboard"`).
+    tensorboard: Option<TensorBoardLog>,
 }
 
 impl RunLog {
@@ -34,7 +38,14 @@ impl RunLog {
             started: Instant::now(),
             bar_allowed,
             bar: None,
+            tensorboard: None,
         }
+    }
+
+    /// Also writes every entry to TensorBoard event files in `dir` (main process).
+    pub(crate) fn with_tensorboard(mut self, dir: &Path) -> Self {
+        self.tensorboard = self.main.then(|| TensorBoardLog::new(dir));
+        self
     }
 
     /// Draws the bar at `done` of `total` optimizer steps (on a terminal, main process).
@@ -60,8 +71,13 @@ impl RunLog {
     }
 
     /// Starts the clock and (re)writes the log file with `history` (empty on a fresh run,
-    /// the checkpoint's history on a resume, so the file never holds lines past it).
-    pub(crate) fn start(&mut self, history: &[LogEntry]) -> Result<(), AccelerateError> {
+    /// the checkpoint's history on a resume, so the file never holds lines past it), the run
+    /// starting after `global_step` optimizer steps.
+    pub(crate) fn start(
+        &mut self,
+        history: &[LogEntry],
+        global_step: u64,
+    ) -> Result<(), AccelerateError> {
         self.started = Instant::now();
         if !self.main {
             return Ok(());
@@ -76,6 +92,9 @@ impl RunLog {
             writeln!(file, "{}", json_line(entry))
                 .map_err(|e| AccelerateError::io("write log file", &self.path, e))?;
         }
+        if let Some(tensorboard) = self.tensorboard.as_mut() {
+            tensorboard.start(global_step)?;
+        }
         Ok(())
     }
 
@@ -87,7 +106,7 @@ impl RunLog {
     /// Appends `entry` to the file and prints it with the progress (`done` of `total`
     /// optimizer steps, and for a training log the `items` processed so far on every rank).
     pub(crate) fn write(
-        &self,
+        &mut self,
         entry: &LogEntry,
         done: u64,
         total: u64,
@@ -108,6 +127,9 @@ impl RunLog {
             .map_err(|e| AccelerateError::io("open log file", &self.path, e))?;
         writeln!(file, "{}", json_line(entry))
             .map_err(|e| AccelerateError::io("write log file", &self.path, e))?;
+        if let Some(tensorboard) = self.tensorboard.as_mut() {
+            tensorboard.write(entry)?;
+        }
         let secs = self.elapsed().as_secs_f64().max(1e-9);
         let eta = match done {
             0 => 0.0,

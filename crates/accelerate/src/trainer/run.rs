@@ -46,7 +46,8 @@ impl<T: TrainerTypes> Trainer<T> {
                 .take()
                 .map(|best| relocate_best(best, &self.args.output_dir, &dir));
         }
-        self.log.start(&self.state.log_history)?;
+        self.log
+            .start(&self.state.log_history, self.state.global_step)?;
         let batches = self.train.num_batches();
         let (start_epoch, start_batch) = self.acc.data_position();
         let items_per_batch =

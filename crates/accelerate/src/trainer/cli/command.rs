@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::help::{ABOUT, description, strategies};
 use crate::trainer::choices::{
-    IntervalStrategy, LossNormalization, OptimizerType, SchedulerType, Spelled,
+    IntervalStrategy, LossNormalization, OptimizerType, ReportTo, SchedulerType, Spelled,
 };
 use crate::{AccelerateError, StrategyConfig};
 
@@ -227,6 +227,7 @@ fn choices(key: &str) -> Option<Vec<PossibleValue>> {
         "optim" => OptimizerType::possible_values(),
         "lr_scheduler_type" => SchedulerType::possible_values(),
         "loss_normalization" => LossNormalization::possible_values(),
+        "report_to" => ReportTo::possible_values(),
         "eval_strategy" | "logging_strategy" | "save_strategy" => {
             IntervalStrategy::possible_values()
         }

@@ -119,6 +119,14 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     ("disable_tqdm", "no progress bar"),
     (
+        "report_to",
+        "where logs go besides log.jsonl: tensorboard writes event files to logging_dir",
+    ),
+    (
+        "logging_dir",
+        "TensorBoard's directory (default: output_dir/runs)",
+    ),
+    (
         "strategy",
         "how training is spread over devices: a strategy's name (see the strategies below)",
     ),

@@ -17,7 +17,8 @@ use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches};
 use serde_json::{Map, Value};
 
-use super::args::{TrainingArguments, read_file};
+use super::args::TrainingArguments;
+use super::args_file::read_file;
 use crate::AccelerateError;
 use command::{ALIASES, Options, Role};
 use strategy::StrategyOptions;

@@ -207,3 +207,18 @@ fn a_program_option_named_as_the_command_lines_own_is_refused() {
         (42, Some("1"))
     );
 }
+
+#[test]
+fn report_to_and_logging_dir_parse_and_a_wrong_name_is_named() {
+    let args = TrainingArguments::from_args(["--report-to", "tensorboard", "--logging-dir", "tb"])
+        .unwrap();
+    assert!(args.report_to.tensorboard());
+    assert_eq!(args.tensorboard_dir(), std::path::Path::new("tb"));
+    let args = TrainingArguments::from_args(["--report_to", "none"]).unwrap();
+    assert!(!args.report_to.tensorboard());
+    let err = error(&["--report-to", "wandb"]);
+    assert!(
+        err.contains("wandb") && err.contains("tensorboard"),
+        "{err}"
+    );
+}
