@@ -11,6 +11,7 @@ use burn::tensor::Scalar;
 use burn::tensor::Shape;
 use burn::tensor::Slice;
 use burn::tensor::TensorData;
+use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::ExecutionError;
 use burn::tensor::ops::BoolTensor;
@@ -22,6 +23,7 @@ use burn::tensor::ops::IntTensor;
 use core::future::Future;
 
 use super::{Autocast, forward, in_f32, promote, promoted, scope};
+use crate::flops;
 
 impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
     forward! { B;
@@ -201,6 +203,7 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
     }
 
     fn float_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        flops::add(flops::matmul(&lhs.shape(), &rhs.shape()));
         let (lhs, rhs) = (scope::to_half::<B>(lhs), scope::to_half::<B>(rhs));
         let (lhs, rhs) = promote::pair::<B>(lhs, rhs);
         B::float_matmul(lhs, rhs)

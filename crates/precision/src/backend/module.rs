@@ -18,7 +18,10 @@ use burn::tensor::ops::MaxPool2dWithIndices;
 use burn::tensor::ops::ModuleOps;
 use burn::tensor::ops::UnfoldOptions;
 
+use burn::tensor::TensorMetadata;
+
 use super::{Autocast, forward, linear, nodes, promote, promoted, scope};
+use crate::flops;
 
 /// A convolution's (or transposed convolution's) forward and backward ops, on operands
 /// promoted to one float dtype (`promote.rs`): an f32 activation meets half weights in f32.
@@ -28,21 +31,29 @@ use super::{Autocast, forward, linear, nodes, promote, promoted, scope};
 /// `x`).
 macro_rules! promoted_conv {
     ($conv:ident, $x_backward:ident($($x_args:ident),+), $weight_backward:ident,
-     $bias_backward:ident, $options:ty) => {
+     $bias_backward:ident, $options:ty, transposed = $transposed:literal) => {
         fn $conv(
             x: FloatTensor<Self>,
             weight: FloatTensor<Self>,
             bias: Option<FloatTensor<Self>>,
             options: $options,
         ) -> FloatTensor<Self> {
+            let (x_shape, weight_shape) = (x.shape(), weight.shape());
             let (x, weight, bias) = scope::half_operands::<B>(x, weight, bias);
-            B::$conv(x, weight, bias, options)
+            let output = B::$conv(x, weight, bias, options);
+            flops::add(flops::conv(&x_shape, &output.shape(), &weight_shape, $transposed));
+            output
         }
 
         fn $x_backward($($x_args: FloatTensor<Self>,)+ options: $options) -> FloatTensor<Self> {
-            scope::half_backward::<B, _>([$($x_args),+], |[$($x_args),+]| {
+            // The arguments end with the weight and the output gradient.
+            let shapes: Vec<_> = [$(&$x_args),+].iter().map(|t| t.shape()).collect();
+            let (weight_shape, output_shape) = (&shapes[shapes.len() - 2], &shapes[shapes.len() - 1]);
+            let x_grad = scope::half_backward::<B, _>([$($x_args),+], |[$($x_args),+]| {
                 B::$x_backward($($x_args,)+ options)
-            })
+            });
+            flops::add(flops::conv(&x_grad.shape(), output_shape, weight_shape, $transposed));
+            x_grad
         }
 
         fn $weight_backward(
@@ -51,6 +62,7 @@ macro_rules! promoted_conv {
             output_grad: FloatTensor<Self>,
             options: $options,
         ) -> FloatTensor<Self> {
+            flops::add(flops::conv(&x.shape(), &output_grad.shape(), &weight.shape(), $transposed));
             scope::half_backward::<B, 3>([x, weight, output_grad], |[x, weight, output_grad]| {
                 B::$weight_backward(x, weight, output_grad, options)
             })
@@ -102,21 +114,24 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         conv_transpose1d_x_backward(weight, output_grad),
         conv_transpose1d_weight_backward,
         conv_transpose1d_bias_backward,
-        ConvTransposeOptions<1>
+        ConvTransposeOptions<1>,
+        transposed = true
     );
     promoted_conv!(
         conv_transpose2d,
         conv_transpose2d_x_backward(weight, output_grad),
         conv_transpose2d_weight_backward,
         conv_transpose2d_bias_backward,
-        ConvTransposeOptions<2>
+        ConvTransposeOptions<2>,
+        transposed = true
     );
     promoted_conv!(
         conv_transpose3d,
         conv_transpose3d_x_backward(weight, output_grad),
         conv_transpose3d_weight_backward,
         conv_transpose3d_bias_backward,
-        ConvTransposeOptions<3>
+        ConvTransposeOptions<3>,
+        transposed = true
     );
 
     /// Fused attention (what a backend without Autodiff runs; Autodiff decomposes it into
@@ -136,6 +151,11 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
             Err(_) => unreachable!("three tensors in, three out"),
         };
         let attn_bias = attn_bias.map(|bias| promote::like::<B>(&query, bias));
+        flops::add(flops::attention(
+            &query.shape(),
+            &key.shape(),
+            &value.shape(),
+        ));
         B::attention(query, key, value, mask, attn_bias, options)
     }
 
@@ -158,6 +178,7 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
+        flops::add(flops::linear(&x.shape(), last_dim(&weight.shape())));
         linear::forward::<B>(x, weight, bias)
     }
 
@@ -165,6 +186,7 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
+        flops::add(flops::linear(&output_grad.shape(), weight.shape()[0]));
         linear::x_backward::<B>(weight, output_grad)
     }
 
@@ -172,6 +194,7 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         x: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
+        flops::add(flops::linear(&x.shape(), last_dim(&output_grad.shape())));
         linear::weight_backward::<B>(x, output_grad)
     }
 
@@ -184,21 +207,24 @@ impl<B: Backend> ModuleOps<Self> for Autocast<B> {
         conv1d_x_backward(x, weight, output_grad),
         conv1d_weight_backward,
         conv1d_bias_backward,
-        ConvOptions<1>
+        ConvOptions<1>,
+        transposed = false
     );
     promoted_conv!(
         conv2d,
         conv2d_x_backward(x, weight, output_grad),
         conv2d_weight_backward,
         conv2d_bias_backward,
-        ConvOptions<2>
+        ConvOptions<2>,
+        transposed = false
     );
     promoted_conv!(
         conv3d,
         conv3d_x_backward(x, weight, output_grad),
         conv3d_weight_backward,
         conv3d_bias_backward,
-        ConvOptions<3>
+        ConvOptions<3>,
+        transposed = false
     );
 
     promoted! {
@@ -363,4 +389,9 @@ fn deform_operands<B: Backend>(
     let mask = has_mask.then(&mut next);
     let bias = has_bias.then(&mut next);
     (x, offset, weight, mask, bias)
+}
+
+/// A shape's last dim (1 for a scalar).
+fn last_dim(shape: &burn::tensor::Shape) -> usize {
+    shape.as_slice().last().copied().unwrap_or(1)
 }
