@@ -51,6 +51,9 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     /// The precision policy with its loss scaler (beside the strategy: the loop asks both).
     pub(crate) precision: PrecisionPlugin<B>,
     pub(crate) counters: Counters,
+    /// This thread's counted FLOPs when the Accelerator was built ([`flops`](Self::flops)
+    /// counts from there).
+    pub(crate) flops_at_start: u64,
     pub(crate) progress: Arc<Mutex<DataProgress>>,
     pub(crate) pending: Option<GradientsParams>,
     pub(crate) micro_in_cycle: usize,
@@ -149,6 +152,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             device,
             precision,
             counters: Counters::default(),
+            flops_at_start: afterburner_precision::flops_counted(),
             progress: Arc::default(),
             pending: None,
             micro_in_cycle: 0,
@@ -434,6 +438,15 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Progress counters.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// FLOPs this rank's thread has run through `Autocast` (matmul, Linear, convolutions,
+    /// attention; see [`count_flops`](afterburner_precision::count_flops)) since the
+    /// Accelerator was built: the training steps' forward and backward, and whatever else
+    /// ran on the thread (an evaluation). 0 on a backend without `Autocast`. Not saved with
+    /// the state: a resumed run counts from its start.
+    pub fn flops(&self) -> u64 {
+        afterburner_precision::flops_counted().wrapping_sub(self.flops_at_start)
     }
 
     /// What the last [`step`](Self::step) did.

@@ -42,6 +42,7 @@ mod save;
 mod stop;
 mod strategy;
 pub mod suggest;
+pub mod throughput;
 pub mod weights;
 
 pub use accelerator::{Accelerator, Counters, StepOutcome};
@@ -54,7 +55,7 @@ pub use afterburner_parallel::{
     AutoWrapPolicy, FsdpConfig, ParallelStrategy, ShardingStrategy, StateDictType, StateSaving,
 };
 pub use afterburner_precision as precision;
-pub use afterburner_precision::{Autocast, Precision};
+pub use afterburner_precision::{Autocast, Precision, count_flops, flops_counted};
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
 pub use error::AccelerateError;
 pub use group::Group;

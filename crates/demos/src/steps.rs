@@ -88,6 +88,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> TrainLoss<B, TokenBatch<B>, S> 
         let mean = self.train_loss(acc, batch)?;
         Ok((mean.mul_scalar((b * t) as f64), b * t))
     }
+
+    /// Every input byte is a token.
+    fn batch_tokens(&self, batch: &TokenBatch<B>) -> Option<usize> {
+        let [b, t] = batch.inputs.dims();
+        Some(b * t)
+    }
 }
 
 impl<B: Backend> InferenceStep for Transformer<B> {

@@ -24,6 +24,11 @@ struct Cost {
     setting: String,
     ms_per_step: f64,
     time_vs_f32: f64,
+    /// Achieved TFLOP/s of the model's counted FLOPs per step (those of the 32-true step on
+    /// `Autodiff<Autocast<I>>`, where forward and backward are both counted).
+    tflops: Option<f64>,
+    /// `tflops` over the device's peak in the setting's compute dtype.
+    mfu: Option<f64>,
     /// `None` where the backend allocates outside Rust's allocator (tch).
     fwd_bwd_peak_mib: Option<f64>,
     final_loss: f64,
@@ -33,6 +38,9 @@ struct Cost {
 struct Report {
     errors: Vec<Errors>,
     cost: Vec<Cost>,
+    /// The device's peak TFLOP/s (f32, bf16) MFU is measured against, with where the
+    /// figures came from (a GPU's data sheet, or the matmul probe).
+    peak_tflops: Vec<(String, f64, String)>,
 }
 
 /// Where the `Autocast` layer sits: below Autodiff (`Autodiff<Autocast<I>>`, the casts
@@ -90,7 +98,17 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     let mut report = Report {
         errors: Vec::new(),
         cost: Vec::new(),
+        peak_tflops: Vec::new(),
     };
+    for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
+        if let Some(peak) = afterburner::throughput::peak_flops::<I>(&Default::default(), dtype) {
+            let source = format!("{:?}", peak.source);
+            let tflops = peak.flops_per_second / 1e12;
+            report
+                .peak_tflops
+                .push((format!("{dtype:?}"), tflops, source));
+        }
+    }
     for net in nets {
         for precision in ["bf16-mixed", "16-mixed"] {
             progress.next(format!("{net:?} {precision}: errors vs f32"));
@@ -125,13 +143,23 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
             }
         }
         let f32_time = best[0].map(|m| m.time.as_secs_f64());
-        for (m, (name, ..)) in best.iter().zip(SETTINGS) {
+        let model_flops = best[0].map_or(0, |m| m.flops);
+        for (m, (name, precision, ..)) in best.iter().zip(SETTINGS) {
             if let Some(m) = m {
+                let secs = m.time.as_secs_f64().max(1e-12);
+                let achieved = (model_flops > 0).then(|| model_flops as f64 / secs);
+                let peak = afterburner::throughput::peak_flops::<I>(
+                    &Default::default(),
+                    precision.compute_dtype(),
+                );
+                let mfu = achieved.zip(peak).map(|(a, p)| a / p.flops_per_second);
                 report.cost.push(Cost {
                     model: model.describe(o),
                     setting: name.into(),
                     ms_per_step: m.time.as_secs_f64() * 1e3,
                     time_vs_f32: f32_time.map_or(f64::NAN, |t| m.time.as_secs_f64() / t),
+                    tflops: achieved.map(|a| a / 1e12),
+                    mfu,
                     fwd_bwd_peak_mib: super::heap_is_counted(o)
                         .then(|| m.peak as f64 / (1024.0 * 1024.0)),
                     final_loss: m.final_loss,
@@ -180,8 +208,8 @@ fn markdown(o: &Options, report: &Report) -> String {
         md,
         "\nCost on `Autodiff<Autocast<{}>>` (casts recorded: `Autocast<Autodiff<..>>`), AdamW, no checkpointing, {} timed steps after {} \
          warm-up, best time of {} rounds. Memory: peak live heap during forward + backward.{}\n\n\
-         | model | precision, autocast | ms/step | time vs 32-true | fwd+bwd peak MiB | final \
-         loss |\n|---|---|---|---|---|---|\n",
+         | model | precision, autocast | ms/step | TFLOP/s | MFU | time vs 32-true | fwd+bwd \
+         peak MiB | final loss |\n|---|---|---|---|---|---|---|---|\n",
         o.backend,
         o.steps,
         o.warmup,
@@ -191,15 +219,33 @@ fn markdown(o: &Options, report: &Report) -> String {
     for c in &report.cost {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {:.2}x | {} | {:.6} |",
+            "| {} | {} | {:.0} | {} | {} | {:.2}x | {} | {:.6} |",
             c.model,
             c.setting,
             c.ms_per_step,
+            c.tflops.map_or("n/a".into(), |t| format!("{t:.3}")),
+            c.mfu.map_or("n/a".into(), |m| format!("{:.1}%", m * 100.0)),
             c.time_vs_f32,
             c.fwd_bwd_peak_mib
                 .map_or("n/a".into(), |p| format!("{p:.1}")),
             c.final_loss
         );
     }
+    let peaks: Vec<String> = report
+        .peak_tflops
+        .iter()
+        .map(|(dtype, tflops, source)| format!("{dtype} {tflops:.3} TFLOP/s ({source})"))
+        .collect();
+    let _ = write!(
+        md,
+        "\nTFLOP/s: the FLOPs `Autocast` counted in the 32-true step (matmuls, Linear, \
+         convolutions; forward and backward) over each setting's step time. MFU: that over the \
+         device's peak in the setting's compute dtype: {}.\n",
+        if peaks.is_empty() {
+            "unknown".to_string()
+        } else {
+            peaks.join(", ")
+        }
+    );
     md
 }

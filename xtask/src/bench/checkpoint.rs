@@ -76,6 +76,8 @@ pub(super) struct Measured {
     /// Bytes of one f32 gradient per parameter (part of `peak`, not an activation).
     pub(super) grad_bytes: usize,
     pub(super) final_loss: f64,
+    /// FLOPs `Autocast` counted per timed step (0 without `Autocast` in the stack).
+    pub(super) flops: u64,
 }
 
 impl Measured {
@@ -248,8 +250,10 @@ where
     let grad_bytes = model.num_params() * 4;
     let mut lr = 1e-4;
     let (mut time, mut peak, mut final_loss) = (Duration::ZERO, 0, f64::NAN);
+    let mut flops = 0u64;
     for i in 0..o.warmup + o.steps {
         B::sync(&device).ok();
+        let flops_before = afterburner::flops_counted();
         let live = alloc::live();
         alloc::reset_peak();
         let start = Instant::now();
@@ -266,6 +270,7 @@ where
         if i >= o.warmup {
             time += start.elapsed();
             peak = peak.max(step_peak);
+            flops += afterburner::flops_counted().wrapping_sub(flops_before);
         }
         if let Some(loss) = loss_value {
             final_loss = loss.into_scalar().elem::<f64>();
@@ -276,6 +281,7 @@ where
         peak,
         grad_bytes,
         final_loss,
+        flops: flops / o.steps.max(1) as u64,
     })
 }
 

@@ -34,6 +34,7 @@ mod callbacks;
 mod checkpoints;
 mod choices;
 mod cli;
+mod curves;
 mod evaluate;
 mod metrics;
 mod optim;
@@ -42,6 +43,7 @@ mod run;
 mod schedule;
 mod state;
 mod tensorboard;
+mod throughput;
 mod types;
 
 use std::sync::Arc;
@@ -72,6 +74,7 @@ pub use state::{LogEntry, Metrics, TrainSummary, TrainerState};
 pub use types::{Components, TrainerAccelerator, TrainerTypes, WithOptimizers};
 
 use crate::data::DataLoaderShard;
+use crate::throughput::ThroughputMeter;
 use crate::{AccelerateError, Accelerator, AnyStrategy};
 use metrics::ShardOf;
 use output::RunLog;
@@ -106,6 +109,12 @@ pub trait TrainLoss<B: AutodiffBackend, Batch, S: ParallelStrategy<B> = AnyStrat
             "per-item",
             "a model that implements TrainLoss::train_loss_sum",
         ))
+    }
+
+    /// The tokens in a training batch, when it has any (a language model's `batch * seq`):
+    /// the Trainer then logs `tokens_per_second`. The default: `None`.
+    fn batch_tokens(&self, _batch: &Batch) -> Option<usize> {
+        None
     }
 }
 
@@ -144,6 +153,10 @@ pub struct Trainer<T: TrainerTypes> {
     log: RunLog,
     /// The optimizer step this run last saved a checkpoint at.
     saved_at: Option<u64>,
+    /// This rank's samples, tokens, FLOPs and time since the last training log.
+    meter: ThroughputMeter,
+    /// The device's peak FLOP/s for MFU, once looked up (`Some(None)`: unknown).
+    peak_flops: Option<Option<f64>>,
 }
 
 impl<B, M, I, TB, EB, EO> Trainer<Components<B, M, I, TB, EB, EO>>
@@ -294,6 +307,8 @@ where
             state,
             log,
             saved_at: None,
+            meter: ThroughputMeter::start(),
+            peak_flops: None,
         })
     }
 }
@@ -329,6 +344,8 @@ impl<T: TrainerTypes> Trainer<T> {
             state: self.state,
             log: self.log,
             saved_at: self.saved_at,
+            meter: self.meter,
+            peak_flops: self.peak_flops,
         }
     }
 

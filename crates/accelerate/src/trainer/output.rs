@@ -135,7 +135,7 @@ impl RunLog {
             0 => 0.0,
             _ => secs / done as f64 * total.saturating_sub(done) as f64,
         };
-        let rate = rate(items, secs);
+        let rate = rate(entry, items, secs);
         let line = format!(
             "[{done}/{total} | epoch {:.2}{rate} | ETA {}] {}",
             entry.epoch,
@@ -157,8 +157,16 @@ impl RunLog {
     }
 }
 
-/// `" | N items/s"` for `items` processed in `secs` (empty when not counted).
-fn rate(items: Option<u64>, secs: f64) -> String {
+/// `" | N samples/s | MFU x%"` from a training log's throughput values (the MFU when
+/// known), else `" | N items/s"` for `items` processed in `secs` (empty when not counted).
+fn rate(entry: &LogEntry, items: Option<u64>, secs: f64) -> String {
+    if let Some(samples) = entry.values.get("samples_per_second") {
+        let mfu = entry
+            .values
+            .get("mfu")
+            .map_or(String::new(), |m| format!(" | MFU {:.1}%", m * 100.0));
+        return format!(" | {samples:.0} samples/s{mfu}");
+    }
     items.map_or(String::new(), |n| {
         format!(" | {:.0} items/s", n as f64 / secs.max(1e-9))
     })
@@ -204,13 +212,24 @@ mod tests {
                 values,
             }
         };
+        let loss = entry("loss", 0.25);
         assert_eq!(
-            bar_message(&entry("loss", 0.25), &rate(Some(640), 2.0)).as_deref(),
+            bar_message(&loss, &rate(&loss, Some(640), 2.0)).as_deref(),
             Some("loss 0.2500 | 320 items/s")
         );
+        let eval = entry("eval_loss", 0.3);
+        assert_eq!(bar_message(&eval, &rate(&eval, None, 2.0)), None);
+        // A training log's own throughput, and the MFU when known.
+        let mut measured = entry("loss", 0.25);
+        measured.values.insert("samples_per_second", 512.4);
         assert_eq!(
-            bar_message(&entry("eval_loss", 0.3), &rate(None, 2.0)),
-            None
+            bar_message(&measured, &rate(&measured, Some(640), 2.0)).as_deref(),
+            Some("loss 0.2500 | 512 samples/s")
+        );
+        measured.values.insert("mfu", 0.4219);
+        assert_eq!(
+            rate(&measured, Some(640), 2.0),
+            " | 512 samples/s | MFU 42.2%"
         );
     }
 }

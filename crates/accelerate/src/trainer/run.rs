@@ -11,6 +11,7 @@ use super::checkpoints::{
     all_but_best, checkpoint_dir, checkpoint_parts, checkpoints_to_delete, delete_checkpoints,
     list_checkpoints, relocate_best, warn_of_another_run,
 };
+use super::curves::write_curves;
 use super::{
     Flow, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss, TrainSummary, Trainer,
     TrainerState, lost_model, resolve_checkpoint,
@@ -48,6 +49,7 @@ impl<T: TrainerTypes> Trainer<T> {
         }
         self.log
             .start(&self.state.log_history, self.state.global_step)?;
+        self.meter.restart();
         let batches = self.train.num_batches();
         let (start_epoch, start_batch) = self.acc.data_position();
         let items_per_batch =
@@ -66,6 +68,9 @@ impl<T: TrainerTypes> Trainer<T> {
             let mut epoch_batches = self.train.epoch_from(epoch, skip).enumerate();
             while let Some((i, batch)) = next_batch(&mut epoch_batches)? {
                 let model = self.model.take().ok_or_else(lost_model)?;
+                let tokens = model.batch_tokens(&batch).map(|t| t as u64);
+                self.meter
+                    .add(self.args.per_device_train_batch_size as u64, tokens);
                 let (loss, value) = match per_item {
                     true => {
                         let (sum, items) = model.train_loss_sum(&self.acc, batch)?;
@@ -197,6 +202,9 @@ impl<T: TrainerTypes> Trainer<T> {
         }
         metrics.insert("epoch", self.state.epoch);
         self.record(metrics.clone())?;
+        if self.acc.is_main_process() {
+            write_curves(&self.args.output_dir, &self.state.log_history)?;
+        }
         self.log.finish();
         for callback in &mut self.callbacks {
             callback.on_train_end(&self.state);
@@ -231,6 +239,8 @@ impl<T: TrainerTypes> Trainer<T> {
         if due(self.args.logging_strategy, self.args.logging_steps) || first {
             self.log_training(items)?;
         }
+        // Evaluations and saves are left out of the training throughput.
+        self.meter.pause();
         let eval_every = self.args.eval_steps.unwrap_or(self.args.logging_steps);
         if due(self.args.eval_strategy, eval_every) {
             let metrics = self.evaluate_and_track()?;
@@ -241,6 +251,7 @@ impl<T: TrainerTypes> Trainer<T> {
         if due(self.args.save_strategy, self.args.save_steps) {
             self.save()?;
         }
+        self.meter.resume();
         if self.acc.world_size() > 1 && !self.callbacks.is_empty() {
             let stop = (flow == Flow::Stop) as u64 as f64;
             let (any, _) = self.mean_across_ranks(stop, 1)?;
@@ -272,6 +283,7 @@ impl<T: TrainerTypes> Trainer<T> {
         {
             values.insert("grad_norm", norm);
         }
+        self.add_throughput(&mut values)?;
         let entry = self.record_with(values, Some(items))?;
         for callback in &mut self.callbacks {
             callback.on_log(&self.state, &entry);
