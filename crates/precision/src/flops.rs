@@ -28,6 +28,14 @@ use burn::tensor::Shape;
 thread_local! {
     /// FLOPs this thread's counted ops have run.
     static COUNTED: Cell<u64> = const { Cell::new(0) };
+    /// Whether this thread counts (on unless [`set_flop_counting`] turned it off).
+    static COUNTING: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Turns this thread's counting on or off (it is on by default: the cost is an addition per
+/// matmul or convolution); returns the previous setting.
+pub fn set_flop_counting(on: bool) -> bool {
+    COUNTING.with(|counting| counting.replace(on))
 }
 
 /// FLOPs the counted ops (matmul, Linear, convolutions, attention) of this thread have run
@@ -45,7 +53,9 @@ pub fn count_flops<R>(f: impl FnOnce() -> R) -> (R, u64) {
 
 /// Adds `flops` to this thread's counter.
 pub(crate) fn add(flops: u64) {
-    COUNTED.with(|counted| counted.set(counted.get().wrapping_add(flops)));
+    if COUNTING.with(Cell::get) {
+        COUNTED.with(|counted| counted.set(counted.get().wrapping_add(flops)));
+    }
 }
 
 /// A (batched, broadcast) matmul `[..., m, k] x [..., k, n]`: `2 * batch * m * k * n`.
@@ -116,5 +126,16 @@ mod tests {
         let q = s(&[2, 4, 6, 8]);
         let kv = s(&[2, 4, 10, 8]);
         assert_eq!(attention(&q, &kv, &kv), 2 * 2 * 4 * 6 * 10 * 16);
+    }
+
+    #[test]
+    fn counting_can_be_turned_off_on_this_thread() {
+        let before = flops_counted();
+        assert!(set_flop_counting(false));
+        add(100);
+        assert_eq!(flops_counted(), before);
+        assert!(!set_flop_counting(true));
+        add(100);
+        assert_eq!(flops_counted(), before + 100);
     }
 }

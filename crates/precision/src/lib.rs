@@ -52,7 +52,7 @@ pub use autocast::{
 };
 pub use backend::{Autocast, autocast_dtype, autocast_ops, promotes_dtypes, record_autocast_nodes};
 pub use error::PrecisionError;
-pub use flops::{count_flops, flops_counted};
+pub use flops::{count_flops, flops_counted, set_flop_counting};
 pub use mode::AutocastMode;
 pub use plugin::{OpScope, PrecisionPlugin};
 pub use policy::Precision;

@@ -41,6 +41,8 @@ struct Report {
     /// The device's peak TFLOP/s (f32, bf16) MFU is measured against, with where the
     /// figures came from (a GPU's data sheet, or the matmul probe).
     peak_tflops: Vec<(String, f64, String)>,
+    /// What counting FLOPs and reading the throughput cost (flop_overhead.rs).
+    overhead: Vec<super::flop_overhead::Overhead>,
 }
 
 /// Where the `Autocast` layer sits: below Autodiff (`Autodiff<Autocast<I>>`, the casts
@@ -93,12 +95,15 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         _ => Model::selected(o)?,
     };
     let nets = [Net::Encoder, Net::Vit];
-    let total = nets.len() * 4 + models.len() * o.rounds * SETTINGS.len();
+    let total = nets.len() * 4
+        + models.len() * o.rounds * SETTINGS.len()
+        + 2 * super::flop_overhead::rounds(o);
     let mut progress = super::progress::Progress::new("autocast", total);
     let mut report = Report {
         errors: Vec::new(),
         cost: Vec::new(),
         peak_tflops: Vec::new(),
+        overhead: Vec::new(),
     };
     for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
         if let Some(peak) = afterburner::throughput::peak_flops::<I>(&Default::default(), dtype) {
@@ -166,6 +171,11 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                 });
             }
         }
+    }
+    // The first model's steps are the shortest: the most rounds in the least time.
+    if let Some(&model) = models.first() {
+        let overhead = super::flop_overhead::measure::<I>(o, model, &mut progress)?;
+        report.overhead.push(overhead);
     }
     let md = markdown(o, &report);
     super::write_report(o, "autocast", std::slice::from_ref(&report), &md)
@@ -247,5 +257,24 @@ fn markdown(o: &Options, report: &Report) -> String {
             peaks.join(", ")
         }
     );
+    let _ = write!(
+        md,
+        "\nWhat the throughput figures cost (32-true, counting on and off alternating, best \
+         time of {} rounds; per log: reading a window and the peak memory):\n\n\
+         | model | counting ms/step | not counting ms/step | overhead | per log |\n\
+         |---|---|---|---|---|\n",
+        super::flop_overhead::rounds(o)
+    );
+    for c in &report.overhead {
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} | {:.1} | {:+.2}% | {:.1} us |",
+            c.model,
+            c.counting_ms_per_step,
+            c.not_counting_ms_per_step,
+            c.overhead_percent,
+            c.per_log_us
+        );
+    }
     md
 }

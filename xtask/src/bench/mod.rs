@@ -27,6 +27,7 @@ mod checkpoint;
 mod data;
 mod ddp;
 mod faults;
+mod flop_overhead;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod fusion;
 mod linear;

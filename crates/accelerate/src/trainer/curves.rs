@@ -102,8 +102,8 @@ fn panel(svg: &mut String, top: f64, title: &str, lines: &[Series]) {
          fill=\"none\" stroke=\"#999\"/>\n\
          <text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{}</text>\n\
          <text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">{}</text>\n\
-         <text x=\"{LEFT}\" y=\"{:.0}\">step {}</text>\n\
-         <text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">step {}</text>\n",
+         <text x=\"{LEFT}\" y=\"{:.0}\">step {x0:.0}</text>\n\
+         <text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"end\">step {x1:.0}</text>\n",
         top + 16.0,
         escape(title),
         LEFT - 6.0,
@@ -113,10 +113,8 @@ fn panel(svg: &mut String, top: f64, title: &str, lines: &[Series]) {
         plot_top + plot_h,
         number(y0),
         plot_top + plot_h + 16.0,
-        number(x0),
         LEFT + plot_w,
         plot_top + plot_h + 16.0,
-        number(x1),
     );
     for (k, (name, points)) in lines.iter().enumerate() {
         let colour = COLOURS[k % COLOURS.len()];
@@ -213,6 +211,10 @@ mod tests {
         // the right.
         let left = format!("{LEFT:.1},");
         assert!(svg.contains(&format!("points=\"{left}")), "{svg}");
+        assert!(
+            svg.contains(">step 2<") && svg.contains(">step 6<"),
+            "{svg}"
+        );
         // A history without throughput or evaluations draws the loss panel alone.
         let only_loss = super::svg(&[entry(1, &[("loss", 1.0)]), entry(2, &[("loss", 0.5)])]);
         assert_eq!(only_loss.matches("font-weight=\"bold\"").count(), 1);

@@ -5,7 +5,10 @@
 //! - `tflops`: the achieved TFLOP/s of the counted ops (matmul, Linear, convolutions,
 //!   attention through `Autocast`) per device, the mean over the ranks;
 //! - `mfu`: `tflops` over the device's peak in the compute dtype (a fraction), the mean;
-//! - `peak_memory_mib`: the most memory a rank's process has held resident, the max.
+//! - `peak_memory_mib`: on a GPU backend (built with afterburner's `cuda` or `wgpu` feature)
+//!   the bytes CubeCL's pools hold on the device (they grow to the peak and are trimmed only
+//!   on a cleanup), elsewhere the most memory the process has held resident; the max over
+//!   the ranks.
 //!
 //! `tflops` and `mfu` are left out on a backend without `Autocast` (nothing is counted).
 
@@ -13,7 +16,7 @@ use burn::tensor::DType;
 
 use super::{Metrics, Trainer, TrainerTypes};
 use crate::AccelerateError;
-use crate::throughput::{peak_flops, peak_memory_bytes};
+use crate::throughput::{device_memory, peak_flops, peak_memory_bytes};
 
 impl<T: TrainerTypes> Trainer<T> {
     /// Adds the window's throughput values to `values` and starts a new window.
@@ -33,7 +36,11 @@ impl<T: TrainerTypes> Trainer<T> {
             rates.mfu.unwrap_or(0.0),
         ];
         let mut memory = vec![0.0; world];
-        let mib = peak_memory_bytes().map(|b| b as f64 / (1024.0 * 1024.0));
+        let device = self.acc.device().clone();
+        let bytes = device_memory::<T::Backend>(&device)
+            .map(|m| m.reserved_bytes)
+            .or_else(peak_memory_bytes);
+        let mib = bytes.map(|b| b as f64 / (1024.0 * 1024.0));
         memory[self.acc.rank().min(world - 1)] = mib.unwrap_or(0.0);
         local.extend(memory);
         let summed = self.sum_across_ranks(local)?;

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use afterburner_precision::flops_counted;
 
-pub use memory::peak_memory_bytes;
+pub use memory::{DeviceMemory, device_memory, peak_memory_bytes};
 pub use peak::{PeakFlops, PeakSource, peak_flops, peak_from_table};
 
 /// Counts samples, tokens and this thread's counted FLOPs from its start (or last
