@@ -2,7 +2,8 @@
 //! and GPT-2 small (124M parameters, sequence 1024), each under 32-true, bf16-mixed and
 //! 16-mixed, with and without activation checkpointing, on one device and, where the backend
 //! shows several, DDP and FSDP over all of them. Synthetic data (speed, not accuracy):
-//! images/s or tokens/s, device memory, and the bf16-mixed speed-up over 32-true.
+//! images/s or tokens/s, TFLOP/s and MFU (the model's FLOPs counted once on
+//! `Autodiff<Autocast<I>>`), device memory, and the bf16-mixed speed-up over 32-true.
 //!
 //! `--quick` keeps the architectures (widths, depths, vocabulary) but runs 1 warm-up and 1
 //! timed step on small inputs (batch 2 at 64 px; batch 1 of 32 tokens), one device: the form
@@ -11,9 +12,10 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use afterburner::throughput::peak_flops;
 use afterburner::{
-    AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, Precision,
-    StrategyConfig,
+    AccelerateError, Accelerator, AcceleratorConfig, Autocast, CheckpointPolicy, FsdpConfig,
+    Precision, StrategyConfig, count_flops,
 };
 use afterburner_demos::models::{TransformerConfig, VitConfig};
 use burn::backend::Autodiff;
@@ -48,6 +50,11 @@ pub struct Row {
     /// Throughput over the same configuration at 32-true.
     pub speedup_vs_32_true: Option<f64>,
     pub step_ms: Option<f64>,
+    /// Achieved TFLOP/s per device: the model's FLOPs per step (counted once on
+    /// `Autodiff<Autocast<I>>`, forward and backward, no checkpointing) over the step time.
+    pub tflops: Option<f64>,
+    /// `tflops` over the device's peak in the precision's compute dtype.
+    pub mfu: Option<f64>,
     /// Rank 0's device memory after the timed steps (`None` where Burn does not expose it).
     pub device_memory: Option<DeviceMemory>,
     pub final_loss: Option<f64>,
@@ -132,6 +139,7 @@ pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
     for preset in presets {
         let (batches, size) = preset.shapes(o.quick);
         for &batch in &batches {
+            let flops = model_flops::<I>(preset, batch, size, &devices[0]);
             for &(strategy, world) in &layouts {
                 for checkpointing in [false, true] {
                     let mut base = None;
@@ -143,6 +151,7 @@ pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
                         ));
                         let setting = Setting {
                             preset,
+                            flops,
                             batch,
                             size,
                             precision,
@@ -165,6 +174,8 @@ pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
 
 struct Setting {
     preset: Preset,
+    /// The model's FLOPs per training step on one device (`None`: not counted).
+    flops: Option<u64>,
     batch: usize,
     size: usize,
     precision: Precision,
@@ -188,6 +199,8 @@ fn measure<I: Backend>(o: &Options, s: &Setting, devices: &[I::Device]) -> Row {
         unit: s.preset.unit().into(),
         speedup_vs_32_true: None,
         step_ms: None,
+        tflops: None,
+        mfu: None,
         device_memory: None,
         final_loss: None,
         skipped: None,
@@ -210,6 +223,12 @@ fn measure<I: Backend>(o: &Options, s: &Setting, devices: &[I::Device]) -> Row {
                 };
             row.throughput = Some(items / step.as_secs_f64());
             row.step_ms = Some(step.as_secs_f64() * 1e3);
+            row.tflops = s.flops.map(|f| f as f64 / step.as_secs_f64() / 1e12);
+            let peak = peak_flops::<I>(&devices[0], s.precision.compute_dtype());
+            row.mfu = row
+                .tflops
+                .zip(peak)
+                .map(|(t, p)| t * 1e12 / p.flops_per_second);
             row.final_loss = Some(loss);
             row.device_memory = memory;
         }
@@ -288,6 +307,63 @@ where
     Ok((slowest, first.1, first.2))
 }
 
+/// The FLOPs of one training step of `preset` at `batch` on one device: one forward and
+/// backward counted on `Autodiff<Autocast<I>>` (f32, no checkpointing: the model's FLOPs,
+/// whatever the measured setting's precision and checkpointing).
+fn model_flops<I: Backend>(
+    preset: Preset,
+    batch: usize,
+    size: usize,
+    device: &I::Device,
+) -> Option<u64> {
+    type C<I> = Autodiff<Autocast<I>>;
+    let loss = CrossEntropyLossConfig::new().init::<C<I>>(device);
+    let (_, flops) = match preset {
+        Preset::VitB16 => {
+            let model = vit_b16(size).init::<C<I>>(device);
+            let images = Tensor::random([batch, 3, size, size], Distribution::Default, device);
+            let labels = Tensor::<C<I>, 1, Int>::zeros([batch], device);
+            count_flops(|| loss.forward(model.forward(images), labels).backward())
+        }
+        Preset::Gpt2Small => {
+            let model = gpt2_small(size).init::<C<I>>(device);
+            let tokens = Tensor::<C<I>, 2, Int>::zeros([batch, size], device);
+            let targets = Tensor::<C<I>, 1, Int>::zeros([batch * size], device);
+            count_flops(|| {
+                let logits = model.forward(tokens).reshape([batch * size, GPT2_VOCAB]);
+                loss.forward(logits, targets).backward()
+            })
+        }
+    };
+    (flops > 0).then_some(flops)
+}
+
+/// ViT-B/16 on `size`-pixel RGB images, 10 classes.
+fn vit_b16(size: usize) -> VitConfig {
+    VitConfig::new()
+        .with_channels(3)
+        .with_image_size(size)
+        .with_patch_size(16)
+        .with_d_model(768)
+        .with_n_heads(12)
+        .with_n_layers(12)
+        .with_d_ff(3072)
+        .with_num_classes(10)
+}
+
+/// GPT-2 small's vocabulary.
+const GPT2_VOCAB: usize = 50257;
+
+/// GPT-2 small (124M parameters) on sequences of `seq` tokens.
+fn gpt2_small(seq: usize) -> TransformerConfig {
+    TransformerConfig::new()
+        .with_vocab_size(GPT2_VOCAB)
+        .with_d_model(768)
+        .with_n_heads(12)
+        .with_n_layers(12)
+        .with_max_seq_len(seq)
+}
+
 fn train_vit<I: Backend>(
     o: &Options,
     s: &Setting,
@@ -295,16 +371,7 @@ fn train_vit<I: Backend>(
 ) -> Result<Measured, String> {
     let device = &devices[0];
     I::seed(device, 0);
-    let model = VitConfig::new()
-        .with_channels(3)
-        .with_image_size(s.size)
-        .with_patch_size(16)
-        .with_d_model(768)
-        .with_n_heads(12)
-        .with_n_layers(12)
-        .with_d_ff(3072)
-        .with_num_classes(10)
-        .init::<Autodiff<I>>(device);
+    let model = vit_b16(s.size).init::<Autodiff<I>>(device);
     afterburner::precision::materialize_params(&model);
     let (batch, size) = (s.batch, s.size);
     timed::<I, _>(o, s, devices, model, move |acc, model| {
@@ -323,25 +390,18 @@ fn train_gpt<I: Backend>(
     s: &Setting,
     devices: &[I::Device],
 ) -> Result<Measured, String> {
-    const VOCAB: usize = 50257;
     let device = &devices[0];
     I::seed(device, 0);
-    let model = TransformerConfig::new()
-        .with_vocab_size(VOCAB)
-        .with_d_model(768)
-        .with_n_heads(12)
-        .with_n_layers(12)
-        .with_max_seq_len(s.size)
-        .init::<Autodiff<I>>(device);
+    let model = gpt2_small(s.size).init::<Autodiff<I>>(device);
     afterburner::precision::materialize_params(&model);
     let (batch, seq) = (s.batch, s.size);
     timed::<I, _>(o, s, devices, model, move |acc, model| {
         let device = acc.device();
-        let range = Distribution::Uniform(0.0, VOCAB as f64);
+        let range = Distribution::Uniform(0.0, GPT2_VOCAB as f64);
         let tokens = Tensor::<_, 2, Int>::random([batch, seq], range, device);
         let targets = Tensor::<_, 2, Int>::random([batch, seq], range, device);
         let logits = acc.forward(model, tokens, |m, x| m.forward(x))?;
-        let logits = logits.reshape([batch * seq, VOCAB]);
+        let logits = logits.reshape([batch * seq, GPT2_VOCAB]);
         Ok(CrossEntropyLossConfig::new()
             .init(device)
             .forward(logits, targets.reshape([batch * seq])))
@@ -367,8 +427,8 @@ fn markdown(o: &Options, rows: &[Row]) -> String {
 pub fn table(rows: &[Row]) -> String {
     let mut md = String::from(
         "| preset | layout | batch/device | precision | checkpointing | throughput | vs 32-true | \
-         step (ms) | device memory (in use / reserved) | final loss |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+         step (ms) | TFLOP/s per device | MFU | device memory (in use / reserved) | final loss \
+         |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let layout = if r.devices == 1 {
@@ -384,7 +444,7 @@ pub fn table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {layout} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {layout} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.preset,
             r.batch,
             r.precision,
@@ -393,6 +453,11 @@ pub fn table(rows: &[Row]) -> String {
             r.speedup_vs_32_true
                 .map_or("-".into(), |x| format!("{x:.2}x")),
             r.step_ms.map_or("-".into(), |x| format!("{x:.0}")),
+            r.tflops.map_or("-".into(), |x| match x < 1.0 {
+                true => format!("{x:.4}"),
+                false => format!("{x:.1}"),
+            }),
+            r.mfu.map_or("-".into(), |x| format!("{:.1}%", x * 100.0)),
             r.device_memory
                 .as_ref()
                 .map_or("-".into(), DeviceMemory::describe),

@@ -4,7 +4,7 @@
 //! the process's peak memory ([`peak_memory_bytes`]).
 //!
 //! ```
-//! use afterburner::throughput::ThroughputMeter;
+//! use afterburner_accelerator::throughput::ThroughputMeter;
 //!
 //! let mut meter = ThroughputMeter::start();
 //! // ... train a step of 32 samples of 128 tokens ...
