@@ -7,6 +7,7 @@ mod common;
 
 use afterburner::trainer::{IntervalStrategy, LogEntry, Trainer, TrainingArguments};
 use afterburner::{Accelerator, Autocast, StrategyConfig};
+use afterburner_demos::models::Vit;
 use afterburner_demos::{ImageBatch, ImageDataset, digits};
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::batcher::Batcher;
@@ -17,12 +18,22 @@ use common::{BATCHER, rng_lock, tiny_vit};
 type B = Autodiff<Autocast<Flex>>;
 
 /// The FLOPs of one training step of `batch` digits (forward and backward), counted.
-fn flops_per_step(model: &afterburner_demos::models::Vit<B>, batch: usize) -> u64 {
+fn flops_per_step(model: &Vit<B>, batch: usize) -> u64 {
     let items = digits::load().unwrap().items()[..batch].to_vec();
     let batch: ImageBatch<B> = BATCHER.batch(items, &Default::default());
     let (images, model) = (batch.images, model.clone());
     let (_, flops) = afterburner::count_flops(|| model.forward(images).sum().backward());
     flops
+}
+
+/// The tiny ViT from seed 7 and its FLOPs per training step of 4 digits.
+fn model_and_flops_per_step() -> (Vit<B>, u64) {
+    <B as Backend>::seed(&Default::default(), 7);
+    let model = tiny_vit().init::<B>(&Default::default());
+    afterburner::precision::materialize_params(&model);
+    let per_step = flops_per_step(&model, 4);
+    assert!(per_step > 0);
+    (model, per_step)
 }
 
 /// A known peak (1 GFLOP/s): the MFU must be the TFLOP/s over it. Set once, before any test
@@ -72,10 +83,7 @@ fn training_logs(history: &[LogEntry]) -> Vec<&LogEntry> {
 fn across_ranks_rates_add_up_and_tflops_average() {
     known_peak();
     let _rng = rng_lock();
-    <B as Backend>::seed(&Default::default(), 7);
-    let model = tiny_vit().init::<B>(&Default::default());
-    afterburner::precision::materialize_params(&model);
-    let per_step = flops_per_step(&model, 4);
+    let (model, per_step) = model_and_flops_per_step();
     let args = TrainingArguments {
         output_dir: common::scratch_dir("trainer-throughput-ddp"),
         strategy: StrategyConfig::Ddp,
@@ -120,11 +128,7 @@ fn across_ranks_rates_add_up_and_tflops_average() {
 fn training_logs_carry_throughput_flops_mfu_and_memory() {
     known_peak();
     let _rng = rng_lock();
-    <B as Backend>::seed(&Default::default(), 7);
-    let model = tiny_vit().init::<B>(&Default::default());
-    afterburner::precision::materialize_params(&model);
-    let per_step = flops_per_step(&model, 4);
-    assert!(per_step > 0);
+    let (model, per_step) = model_and_flops_per_step();
     let all = digits::load().unwrap();
     let eval = ImageDataset::new(all.items()[40..64].to_vec(), [1, 8, 8]).unwrap();
     let output_dir = common::scratch_dir("trainer-throughput");
@@ -150,4 +154,16 @@ fn training_logs_carry_throughput_flops_mfu_and_memory() {
     }
     let svg = std::fs::read_to_string(output_dir.join("curves.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains(">samples/s<"));
+}
+
+/// `Accelerator::flops` counts what this thread ran through `Autocast` since the Accelerator
+/// was built: a training step's forward and backward.
+#[test]
+fn the_accelerator_counts_its_threads_flops() {
+    let _rng = rng_lock();
+    let (model, per_step) = model_and_flops_per_step();
+    let acc = Accelerator::<B>::new(Default::default(), Default::default()).unwrap();
+    assert_eq!(acc.flops(), 0);
+    assert_eq!(flops_per_step(&model, 4), per_step);
+    assert_eq!(acc.flops(), per_step);
 }

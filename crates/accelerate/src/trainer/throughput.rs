@@ -12,8 +12,6 @@
 //!
 //! `tflops` and `mfu` are left out on a backend without `Autocast` (nothing is counted).
 
-use burn::tensor::DType;
-
 use super::{Metrics, Trainer, TrainerTypes};
 use crate::AccelerateError;
 use crate::throughput::{device_memory, peak_flops, peak_memory_bytes};
@@ -69,11 +67,7 @@ impl<T: TrainerTypes> Trainer<T> {
             return None;
         }
         if self.peak_flops.is_none() {
-            let dtype = match self.args.precision.compute_dtype() {
-                DType::BF16 => DType::BF16,
-                DType::F16 => DType::F16,
-                _ => DType::F32,
-            };
+            let dtype = self.args.precision.compute_dtype();
             let device = self.acc.device().clone();
             let peak = peak_flops::<T::Backend>(&device, dtype).map(|p| p.flops_per_second);
             self.peak_flops = Some(peak);
