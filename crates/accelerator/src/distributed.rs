@@ -2,7 +2,7 @@
 //! across ranks, and the gradient and parameter exchanges `step` asks for.
 
 use afterburner_parallel::{
-    Fsdp, LaunchConfig, OptimizerSharding, ParallelStrategy, ReduceOp, Traffic,
+    Fsdp, LaunchConfig, Launched, OptimizerSharding, ParallelStrategy, ReduceOp, Traffic,
 };
 use afterburner_precision::grads::GradSummary;
 use burn::data::dataloader::batcher::Batcher;
@@ -92,17 +92,63 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// [`local_devices`](afterburner_parallel::local_devices) through
     /// [`launch`](Self::launch). The same code trains on 1 or N devices; results come back in
     /// rank order.
+    ///
+    /// Started by `afterburner launch` (a [`Launched`] environment), it runs `worker` once,
+    /// as this process's rank of the launched run: over the launch's process group (ranks
+    /// failing together under DDP, ZeRO-1 and FSDP; a fault-tolerant quorum under Local SGD
+    /// and DiLoCo, whose restarted replicas [`join`](Self::join)), on device `LOCAL_RANK`;
+    /// `config.devices` is then not read, and the result is this rank's alone.
     pub fn run<R, F>(config: AcceleratorConfig, worker: F) -> Result<Vec<R>, AccelerateError>
     where
         R: Send + 'static,
         F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
     {
+        if let Some(launched) = Launched::from_env()? {
+            return Ok(vec![worker(Self::launched(config, &launched)?)?]);
+        }
         config.validate()?;
         if !config.strategy.is_distributed() {
             return Ok(vec![worker(Self::new(config, B::Device::default())?)?]);
         }
         let devices = afterburner_parallel::local_devices::<B::InnerBackend>(config.devices)?;
         Self::launch(config, devices, worker)
+    }
+
+    /// This process's Accelerator in a run started by `afterburner launch`: its rank's
+    /// device and the launch's process group (see [`run`](Self::run)).
+    pub fn launched(
+        config: AcceleratorConfig,
+        launched: &Launched,
+    ) -> Result<Self, AccelerateError> {
+        let devices =
+            afterburner_parallel::local_devices::<B::InnerBackend>(launched.local_world_size)?;
+        let device = devices
+            .get(launched.local_rank)
+            .cloned()
+            .unwrap_or_default();
+        if launched.world_size == 1 && !config.strategy.is_distributed() {
+            return Self::new(config, device);
+        }
+        if !config.strategy.is_distributed() {
+            return Err(AccelerateError::invalid(
+                "strategy",
+                &config.strategy,
+                format!(
+                    "a multi-device strategy (ddp, zero-1, fsdp, local-sgd, diloco) for the {} \
+                     workers `afterburner launch` started",
+                    launched.world_size
+                ),
+            ));
+        }
+        let group = launched.connect::<B::InnerBackend>(&device)?;
+        if launched.restart_count > 0 {
+            tracing::warn!(
+                rank = launched.rank,
+                restarts = launched.restart_count,
+                "this worker was started again by `afterburner launch`"
+            );
+        }
+        Self::with_group(config, device, group)
     }
 
     /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).

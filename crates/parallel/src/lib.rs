@@ -40,6 +40,7 @@ pub mod forwarding;
 mod fsdp;
 mod group;
 mod launch;
+pub mod launched;
 mod local;
 #[cfg(all(feature = "mpi", feature = "testing"))]
 mod loopback;
@@ -70,6 +71,7 @@ pub use group::{
 #[cfg(feature = "testing")]
 pub use launch::launch_through_host;
 pub use launch::{LaunchConfig, launch, local_devices};
+pub use launched::{Launched, RestartPolicy};
 pub use local::LocalGroup;
 #[cfg(all(feature = "mpi", feature = "testing"))]
 pub use loopback::{LoopbackRun, run_on_loopback};

@@ -36,6 +36,7 @@ mod choices;
 mod cli;
 mod curves;
 mod evaluate;
+mod heal;
 mod metrics;
 mod optim;
 mod output;
@@ -157,6 +158,8 @@ pub struct Trainer<T: TrainerTypes> {
     meter: ThroughputMeter,
     /// The device's peak FLOP/s for MFU, once looked up (`Some(None)`: unknown).
     peak_flops: Option<Option<f64>>,
+    /// A fault-tolerant replica's model is set up by `join` when training starts.
+    join_pending: bool,
 }
 
 impl<B, M, I, TB, EB, EO> Trainer<Components<B, M, I, TB, EB, EO>>
@@ -237,7 +240,13 @@ where
             ));
         }
         let optim = optimizer_from_args::<B, M>(&args);
-        let model = acc.setup_model(model)?;
+        // A fault-tolerant replica (Local SGD, DiLoCo over a quorum) is set up by `join` in
+        // `train`, with the optimizer it trains with: a restarted one is healed then.
+        let join_pending = acc.is_fault_tolerant();
+        let model = match join_pending {
+            true => model,
+            false => acc.setup_model(model)?,
+        };
         let mut train = acc
             .dataloader(
                 train_dataset,
@@ -309,6 +318,7 @@ where
             saved_at: None,
             meter: ThroughputMeter::start(),
             peak_flops: None,
+            join_pending,
         })
     }
 }
@@ -346,6 +356,7 @@ impl<T: TrainerTypes> Trainer<T> {
             saved_at: self.saved_at,
             meter: self.meter,
             peak_flops: self.peak_flops,
+            join_pending: self.join_pending,
         }
     }
 

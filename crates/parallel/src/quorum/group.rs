@@ -108,6 +108,8 @@ impl Drop for Handle {
 pub struct QuorumGroup<B: Backend> {
     handle: Arc<Handle>,
     device: B::Device,
+    /// The ranks fail together ([`failing_together`](QuorumGroup::failing_together)).
+    together: bool,
 }
 
 impl<B: Backend> Clone for QuorumGroup<B> {
@@ -115,6 +117,7 @@ impl<B: Backend> Clone for QuorumGroup<B> {
         Self {
             handle: self.handle.clone(),
             device: self.device.clone(),
+            together: self.together,
         }
     }
 }
@@ -163,7 +166,17 @@ impl<B: Backend> QuorumGroup<B> {
                 calling: Mutex::new(()),
             }),
             device: device.clone(),
+            together: false,
         }
+    }
+
+    /// This group as one whose ranks fail together, for DDP, ZeRO-1 and FSDP over processes
+    /// (what `afterburner launch` gives them): it reports no quorum, so those strategies
+    /// accept it. Serve its lighthouse with `min_replicas` equal to the replicas, so that a
+    /// lost rank fails every rank's collective instead of being left out.
+    pub fn failing_together(mut self) -> Self {
+        self.together = true;
+        self
     }
 
     /// One collective: `values` to the lighthouse, the combined values back as tensors.
@@ -267,7 +280,10 @@ impl<B: Backend> ProcessGroup<B> for QuorumGroup<B> {
     }
 
     fn quorum(&self) -> Option<Arc<dyn Quorum>> {
-        Some(self.handle.clone())
+        match self.together {
+            true => None,
+            false => Some(self.handle.clone()),
+        }
     }
 }
 

@@ -1,0 +1,63 @@
+//! [`LaunchError`]: what stops a launch, each naming what is wrong.
+
+use thiserror::Error;
+
+/// Why a launch failed.
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    /// The command line is wrong (clap's message: the option, the value, what is allowed).
+    #[error("{0}")]
+    Usage(String),
+    /// The program could not be started.
+    #[error("cannot start `{program}`: {reason}")]
+    Program {
+        /// The program as given.
+        program: String,
+        /// Why (not found, not executable, ...).
+        reason: String,
+    },
+    /// The rendezvous (the lighthouse) could not be served.
+    #[error("cannot serve the rendezvous on {address}: {reason}")]
+    Rendezvous {
+        /// The address asked for.
+        address: String,
+        /// Why (e.g. the port is in use).
+        reason: String,
+    },
+    /// Under the `all` policy a worker exited successfully while the others still ran and
+    /// then failed: its ranks needed it until the end.
+    #[error(
+        "rank {rank} exited with success while the other ranks still ran, and then {then}; \
+         under the `all` restart policy (DDP, ZeRO-1, FSDP) every rank takes part until the \
+         last collective: a worker must not return early"
+    )]
+    ExitedEarly {
+        /// The rank that returned early.
+        rank: usize,
+        /// What happened to the others.
+        then: String,
+    },
+    /// A worker failed after `--max-restarts` restarts.
+    #[error(
+        "{failure} and --max-restarts {max_restarts} is used up{}",
+        last_lines(.last_output)
+    )]
+    RestartsExhausted {
+        /// The last failure.
+        failure: String,
+        /// The launch's `--max-restarts`.
+        max_restarts: u32,
+        /// The failed worker's last lines of output.
+        last_output: Vec<String>,
+    },
+    /// Starting or watching processes failed in the operating system.
+    #[error("{0}")]
+    Os(String),
+}
+
+fn last_lines(lines: &[String]) -> String {
+    match lines.is_empty() {
+        true => String::new(),
+        false => format!("; its last output:\n  {}", lines.join("\n  ")),
+    }
+}

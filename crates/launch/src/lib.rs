@@ -1,0 +1,29 @@
+//! `afterburner launch`: one command starts the workers of a multi-process run, watches them
+//! and restarts them, in the shape PyTorch users know from torchrun.
+//!
+//! ```text
+//! afterburner launch --nproc 2 --max-restarts 3 -- target/release/examples/vit_classify --strategy ddp
+//! ```
+//!
+//! Each worker gets its place through the environment ([`afterburner_parallel::launched`]:
+//! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `AFTERBURNER_LIGHTHOUSE`, ...), which the Accelerator
+//! and the Trainer read. Node 0's launcher serves the rendezvous (the lighthouse the workers'
+//! process group meets at). Two restart policies (docs/launch.md):
+//!
+//! - `all` (DDP, ZeRO-1, FSDP): a worker's death stops the others; all start again and resume
+//!   from the last committed checkpoint.
+//! - `replica` (Local SGD, DiLoCo): only the dead worker starts again; it is healed from a
+//!   live replica while the others go on.
+
+#![warn(missing_docs)]
+
+mod args;
+mod error;
+mod policy;
+mod supervise;
+mod worker;
+
+pub use args::{LaunchArgs, PolicyChoice, parse_args};
+pub use error::LaunchError;
+pub use policy::policy_for;
+pub use supervise::launch;

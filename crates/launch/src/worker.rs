@@ -1,0 +1,199 @@
+//! One worker process: started with its rank's environment in a process group of its own,
+//! its output copied line by line with a `[rank N]` prefix, its last lines kept for the
+//! error message, signalled and reaped.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use afterburner_parallel::Launched;
+
+use crate::LaunchError;
+
+/// How many of a worker's last output lines an error shows.
+const TAIL_LINES: usize = 12;
+
+/// A running worker.
+pub(crate) struct Worker {
+    /// Its global rank.
+    pub rank: usize,
+    child: Child,
+    pumps: Vec<JoinHandle<()>>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    /// Its exit status, once reaped.
+    pub status: Option<ExitStatus>,
+}
+
+impl Worker {
+    /// Starts `program` as the worker `launched` describes.
+    pub fn start(program: &[OsString], launched: &Launched) -> Result<Self, LaunchError> {
+        let (name, args) = program
+            .split_first()
+            .ok_or_else(|| LaunchError::Usage("no PROGRAM to launch".into()))?;
+        let mut command = Command::new(name);
+        command
+            .args(args)
+            .envs(launched.to_vars())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group: a terminal's Ctrl-C reaches the launcher only, which
+            // forwards it, and a stop reaches the worker's own children too.
+            .process_group(0);
+        let mut child = command.spawn().map_err(|e| LaunchError::Program {
+            program: name.to_string_lossy().into_owned(),
+            reason: match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    "no such program (not a path to a file, not on PATH)".into()
+                }
+                std::io::ErrorKind::PermissionDenied => "not executable".into(),
+                _ => e.to_string(),
+            },
+        })?;
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let prefix = format!("[rank {}] ", launched.rank);
+        let mut pumps = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            pumps.push(pump(out, prefix.clone(), None, false));
+        }
+        if let Some(err) = child.stderr.take() {
+            pumps.push(pump(err, prefix, Some(tail.clone()), true));
+        }
+        Ok(Self {
+            rank: launched.rank,
+            child,
+            pumps,
+            tail,
+            status: None,
+        })
+    }
+
+    /// Its exit status if it has exited (reaped once, then remembered).
+    pub fn poll(&mut self) -> Result<Option<ExitStatus>, LaunchError> {
+        if self.status.is_none() {
+            self.status = self
+                .child
+                .try_wait()
+                .map_err(|e| LaunchError::Os(format!("watching rank {}: {e}", self.rank)))?;
+        }
+        Ok(self.status)
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        !matches!(self.poll(), Ok(Some(_)))
+    }
+
+    /// Sends `signal` to its process group (it and its children).
+    pub fn signal(&self, signal: i32) {
+        if self.status.is_none() {
+            let group = self.child.id() as i32;
+            // SAFETY: kill(2) with a negative pid signals that process group; no memory is
+            // shared. A group that is already gone answers ESRCH, which is fine.
+            unsafe {
+                libc::kill(-group, signal);
+            }
+        }
+    }
+
+    /// Its last lines of error output.
+    pub fn last_output(&self) -> Vec<String> {
+        self.tail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Waits (until `deadline`) for its output to be copied out: a child of the worker that
+    /// still holds its output open is not waited for past it.
+    pub fn flush_output(&mut self, deadline: Instant) {
+        while self.pumps.iter().any(|p| !p.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for pump in self.pumps.extract_if(.., |p| p.is_finished()) {
+            let _ = pump.join();
+        }
+    }
+}
+
+impl Drop for Worker {
+    /// Never a stray process: a worker still running when the launcher lets go is killed.
+    fn drop(&mut self) {
+        if self.running() {
+            self.signal(libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What an exit status says, for messages: "exited with code 3", "was killed by signal 9".
+pub(crate) fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(signal)) => format!("was killed by signal {signal} ({})", signal_name(signal)),
+        _ => "exited".into(),
+    }
+}
+
+/// The exit code a shell would show for `status` (128 + the signal for a killed process).
+pub(crate) fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        _ => 1,
+    }
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        _ => "a signal",
+    }
+}
+
+/// Copies `from` line by line to the launcher's stdout (or stderr), each line prefixed; keeps
+/// the last lines in `tail`.
+fn pump(
+    from: impl Read + Send + 'static,
+    prefix: String,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
+    to_stderr: bool,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(from);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end_matches(['\n', '\r']);
+            let written = format!("{prefix}{text}\n");
+            let _ = match to_stderr {
+                true => std::io::stderr().lock().write_all(written.as_bytes()),
+                false => std::io::stdout().lock().write_all(written.as_bytes()),
+            };
+            if let Some(tail) = &tail {
+                let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+                if tail.len() == TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(text.to_string());
+            }
+        }
+    })
+}

@@ -1,0 +1,295 @@
+//! [`Launched`]: what a launcher (`afterburner launch`, crate afterburner-launch) tells each
+//! worker process through its environment, as torchrun does: the rank, the world size, where
+//! the group meets, how many times the worker was restarted and which restart policy runs.
+//! The Accelerator reads it, so a launched program needs no launch code of its own.
+
+use std::time::Duration;
+
+use burn::tensor::backend::Backend;
+use serde_with::{DeserializeFromStr, SerializeDisplay};
+use strum::{Display, EnumIter, EnumMessage, EnumString};
+
+use crate::{ParallelError, ProcessGroup, QuorumConfig, connect_tcp};
+
+/// The global rank of this worker (torchrun's name).
+pub const RANK: &str = "RANK";
+/// The number of workers in all (torchrun's name).
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// This worker's rank among the workers of its node (torchrun's name).
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// The number of workers on this node (torchrun's name).
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// This node's rank among the nodes (torchrun's `GROUP_RANK`).
+pub const NODE_RANK: &str = "NODE_RANK";
+/// The host of the rendezvous (torchrun's name; informative).
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+/// The port of the rendezvous (torchrun's name; informative).
+pub const MASTER_PORT: &str = "MASTER_PORT";
+/// `HOST:PORT` of the lighthouse the workers' process group meets at: its presence means
+/// "launched" to the Accelerator.
+pub const LIGHTHOUSE: &str = "AFTERBURNER_LIGHTHOUSE";
+/// How many times this worker was started again after a failure (torchrun's
+/// `TORCHELASTIC_RESTART_COUNT`): 0 on the first start.
+pub const RESTART_COUNT: &str = "AFTERBURNER_RESTART_COUNT";
+/// The launch's `--max-restarts`.
+pub const MAX_RESTARTS: &str = "AFTERBURNER_MAX_RESTARTS";
+/// The restart policy, [`RestartPolicy`]'s spelling.
+pub const RESTART_POLICY: &str = "AFTERBURNER_RESTART_POLICY";
+/// Seconds a collective waits for a late rank before it fails (or, under the replica
+/// policy, drops it).
+pub const COLLECTIVE_TIMEOUT_S: &str = "AFTERBURNER_COLLECTIVE_TIMEOUT_S";
+
+/// What a launcher does when a worker dies.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Display,
+    EnumString,
+    EnumIter,
+    EnumMessage,
+    SerializeDisplay,
+    DeserializeFromStr,
+)]
+#[strum(ascii_case_insensitive)]
+pub enum RestartPolicy {
+    /// Stop every worker and start them all again; they resume from the last committed
+    /// checkpoint (torchrun's elastic semantics). For ranks that share gradients or shards
+    /// (DDP, ZeRO-1, FSDP): a lost rank fails every rank's collective.
+    #[default]
+    #[strum(serialize = "all")]
+    All,
+    /// Start only the dead worker again; it is healed from a live replica while the others
+    /// go on (Local SGD, DiLoCo over the quorum group).
+    #[strum(serialize = "replica")]
+    Replica,
+}
+
+/// This worker's place in a launched run, read from its environment ([`from_env`]).
+///
+/// [`from_env`]: Self::from_env
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launched {
+    /// The global rank.
+    pub rank: usize,
+    /// The number of workers in all.
+    pub world_size: usize,
+    /// The rank on this node (the device index on a multi-GPU node).
+    pub local_rank: usize,
+    /// The workers on this node.
+    pub local_world_size: usize,
+    /// This node's rank.
+    pub node_rank: usize,
+    /// `HOST:PORT` of the lighthouse.
+    pub lighthouse: String,
+    /// Restarts of this worker so far.
+    pub restart_count: u32,
+    /// The launch's restart policy.
+    pub policy: RestartPolicy,
+    /// How long a collective waits for a late rank.
+    pub collective_timeout: Duration,
+}
+
+impl Launched {
+    /// This process's place in a launched run, or `None` when it was not launched (no
+    /// [`LIGHTHOUSE`] variable). A variable that is missing or malformed in a launched process
+    /// is an error naming it.
+    pub fn from_env() -> Result<Option<Self>, ParallelError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over any source of variables (tests).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ParallelError> {
+        let Some(lighthouse) = var(LIGHTHOUSE) else {
+            return Ok(None);
+        };
+        let number = |name: &'static str| -> Result<u64, ParallelError> {
+            let value = var(name).ok_or_else(|| invalid(name, "unset".into()))?;
+            value.trim().parse().map_err(|_| invalid(name, value))
+        };
+        let policy = match var(RESTART_POLICY) {
+            None => RestartPolicy::default(),
+            Some(value) => value.parse().map_err(|_| ParallelError::InvalidConfig {
+                field: RESTART_POLICY,
+                value,
+                expected: "all or replica".into(),
+            })?,
+        };
+        let timeout = match var(COLLECTIVE_TIMEOUT_S) {
+            None => 300.0,
+            Some(value) => match value.trim().parse::<f64>() {
+                Ok(s) if s > 0.0 && s.is_finite() => s,
+                _ => return Err(invalid(COLLECTIVE_TIMEOUT_S, value)),
+            },
+        };
+        let launched = Self {
+            rank: number(RANK)? as usize,
+            world_size: number(WORLD_SIZE)? as usize,
+            local_rank: var(LOCAL_RANK).map_or(Ok(0), |_| number(LOCAL_RANK))? as usize,
+            local_world_size: var(LOCAL_WORLD_SIZE).map_or(Ok(1), |_| number(LOCAL_WORLD_SIZE))?
+                as usize,
+            node_rank: var(NODE_RANK).map_or(Ok(0), |_| number(NODE_RANK))? as usize,
+            lighthouse,
+            restart_count: var(RESTART_COUNT).map_or(Ok(0), |_| number(RESTART_COUNT))? as u32,
+            policy,
+            collective_timeout: Duration::from_secs_f64(timeout),
+        };
+        if launched.world_size == 0 || launched.rank >= launched.world_size {
+            return Err(invalid(
+                RANK,
+                format!("{} of WORLD_SIZE {}", launched.rank, launched.world_size),
+            ));
+        }
+        Ok(Some(launched))
+    }
+
+    /// The variables that give a worker this place (what the launcher sets).
+    pub fn to_vars(&self) -> Vec<(&'static str, String)> {
+        let (host, port) = self
+            .lighthouse
+            .rsplit_once(':')
+            .unwrap_or((self.lighthouse.as_str(), ""));
+        vec![
+            (RANK, self.rank.to_string()),
+            (WORLD_SIZE, self.world_size.to_string()),
+            (LOCAL_RANK, self.local_rank.to_string()),
+            (LOCAL_WORLD_SIZE, self.local_world_size.to_string()),
+            (NODE_RANK, self.node_rank.to_string()),
+            (MASTER_ADDR, host.to_string()),
+            (MASTER_PORT, port.to_string()),
+            (LIGHTHOUSE, self.lighthouse.clone()),
+            (RESTART_COUNT, self.restart_count.to_string()),
+            (RESTART_POLICY, self.policy.to_string()),
+            (
+                COLLECTIVE_TIMEOUT_S,
+                self.collective_timeout.as_secs_f64().to_string(),
+            ),
+        ]
+    }
+
+    /// The lighthouse settings a launcher serves for `world_size` workers under `policy`:
+    /// under [`RestartPolicy::All`] every rank is required (a lost one fails every rank's
+    /// collective); under [`RestartPolicy::Replica`] the others go on.
+    pub fn quorum_config(
+        world_size: usize,
+        policy: RestartPolicy,
+        collective_timeout: Duration,
+    ) -> QuorumConfig {
+        let config = QuorumConfig::new(world_size).with_timeout(collective_timeout);
+        match policy {
+            RestartPolicy::All => config.with_min_replicas(world_size),
+            RestartPolicy::Replica => config,
+        }
+    }
+
+    /// Connects this worker to the launch's lighthouse (waiting up to the collective timeout
+    /// for it) and returns its process group on `device`: a fault-tolerant quorum group under
+    /// [`RestartPolicy::Replica`], a group whose ranks fail together under
+    /// [`RestartPolicy::All`].
+    pub fn connect<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<Box<dyn ProcessGroup<B>>, ParallelError> {
+        let group = connect_tcp::<B>(
+            self.lighthouse.as_str(),
+            self.rank,
+            device,
+            self.collective_timeout,
+        )?;
+        if group.world_size() != self.world_size {
+            return Err(ParallelError::Mismatch {
+                rank: self.rank,
+                reason: format!(
+                    "the lighthouse at {} serves {} ranks, this worker was launched as one of {}",
+                    self.lighthouse,
+                    group.world_size(),
+                    self.world_size
+                ),
+            });
+        }
+        Ok(match self.policy {
+            RestartPolicy::Replica => Box::new(group),
+            RestartPolicy::All => Box::new(group.failing_together()),
+        })
+    }
+}
+
+fn invalid(field: &'static str, value: String) -> ParallelError {
+    ParallelError::InvalidConfig {
+        field,
+        value,
+        expected: "what `afterburner launch` sets (a number; RANK below WORLD_SIZE)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn a_process_not_launched_reads_none() {
+        assert_eq!(Launched::from_vars(vars(&[("RANK", "1")])), Ok(None));
+    }
+
+    #[test]
+    fn what_the_launcher_writes_reads_back() {
+        let launched = Launched {
+            rank: 3,
+            world_size: 4,
+            local_rank: 1,
+            local_world_size: 2,
+            node_rank: 1,
+            lighthouse: "10.0.0.1:29500".into(),
+            restart_count: 2,
+            policy: RestartPolicy::Replica,
+            collective_timeout: Duration::from_secs(30),
+        };
+        let written = launched.to_vars();
+        let pairs: Vec<(&str, &str)> = written.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert!(pairs.contains(&(MASTER_ADDR, "10.0.0.1")));
+        assert!(pairs.contains(&(MASTER_PORT, "29500")));
+        assert_eq!(Launched::from_vars(vars(&pairs)), Ok(Some(launched)));
+    }
+
+    #[test]
+    fn a_malformed_variable_is_named() {
+        let error = Launched::from_vars(vars(&[
+            (LIGHTHOUSE, "127.0.0.1:1"),
+            (RANK, "two"),
+            (WORLD_SIZE, "2"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("RANK = two"), "{error}");
+        let error = Launched::from_vars(vars(&[
+            (LIGHTHOUSE, "127.0.0.1:1"),
+            (RANK, "2"),
+            (WORLD_SIZE, "2"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("2 of WORLD_SIZE 2"), "{error}");
+        let error = Launched::from_vars(vars(&[
+            (LIGHTHOUSE, "127.0.0.1:1"),
+            (RANK, "0"),
+            (WORLD_SIZE, "2"),
+            (RESTART_POLICY, "some"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("all or replica"), "{error}");
+    }
+}
