@@ -34,15 +34,15 @@ impl<T: TrainerTypes> Trainer<T> {
     /// Sets up a fault-tolerant replica's model and optimizer through `join`. One that joins
     /// a run in progress gets a live replica's model, optimizer and strategy state, and
     /// continues after its step: the step counters, the epoch and batch of its data, the LR
-    /// schedule's position; its log says it rejoined.
-    pub(super) fn join_the_run(&mut self) -> Result<(), AccelerateError> {
+    /// schedule's position; its log says it rejoined. Whether it was healed so.
+    pub(super) fn join_the_run(&mut self) -> Result<bool, AccelerateError> {
         let model = self.model.take().ok_or_else(lost_model)?;
         let (model, optim) = self.acc.join(model, self.optim.clone())?;
         self.model = Some(model);
         self.optim = optim;
         let step = self.acc.counters().optimizer_steps;
         if step == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let batches = self.train.num_batches();
         self.acc.continue_data_after(step, batches);
@@ -65,6 +65,6 @@ impl<T: TrainerTypes> Trainer<T> {
         note.insert("rejoined_rank", rank as f64);
         note.insert("rejoined_at_step", step as f64);
         self.record(note)?;
-        Ok(())
+        Ok(true)
     }
 }

@@ -33,11 +33,19 @@ impl<T: TrainerTypes> Trainer<T> {
     /// points; stops early when a callback asks; reloads the best model at the end when
     /// `load_best_model_at_end` is set. Every rank calls it.
     pub fn train(&mut self) -> Result<TrainSummary, AccelerateError> {
-        if std::mem::take(&mut self.join_pending) {
-            self.join_the_run()?;
+        if std::mem::take(&mut self.join_pending) && self.join_the_run()? {
+            // The live replicas sent their state from inside their step and go on with its
+            // events (log, evaluation, save: collectives the healed replica takes part in).
+            self.events(At::StepEnd, 0)?;
+            if self.acc.data_position().1 == 0 {
+                self.events(At::EpochEnd, 0)?;
+            }
         }
-        self.warn_of_another_run();
-        if let Some(resume) = self.checkpoint_to_resume() {
+        let resume = self.checkpoint_to_resume();
+        if resume.is_none() {
+            self.warn_of_another_run();
+        }
+        if let Some(resume) = resume {
             let dir = resolve_checkpoint(&self.args.output_dir, &resume)?;
             let planned = self.state.max_steps;
             self.load_checkpoint(&dir)?;
@@ -341,7 +349,7 @@ impl<T: TrainerTypes> Trainer<T> {
     /// Warns (main process) when a fresh run trains into an `output_dir` that holds
     /// checkpoints already, unless `overwrite_output_dir` says it is meant.
     fn warn_of_another_run(&self) {
-        let fresh = self.checkpoint_to_resume().is_none() && self.state.global_step == 0;
+        let fresh = self.args.resume_from_checkpoint.is_none() && self.state.global_step == 0;
         if fresh && !self.args.overwrite_output_dir && self.acc.is_main_process() {
             warn_of_another_run(&self.args.output_dir);
         }
