@@ -238,3 +238,194 @@ fn a_killed_diloco_replica_is_started_alone_healed_and_ends_equal() {
     assert_eq!(saved_params(&last, 0, 2), saved_params(&last, 1, 2));
     let _ = std::fs::remove_dir_all(out);
 }
+
+#[test]
+fn diloco_over_three_replicas_survives_a_replica_killed_every_second() {
+    let out = fresh("chaos");
+    let steps = "600";
+    let trainer = [
+        "--strategy",
+        "diloco",
+        "--diloco.sync-every",
+        "10",
+        "--max-steps",
+        steps,
+        "--save-strategy",
+        "steps",
+        "--save-steps",
+        steps,
+        "--eval-strategy",
+        "no",
+        "--per-device-train-batch-size",
+        "16",
+        "--load-best-model-at-end",
+        "false",
+    ];
+    let target = out.clone();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = done.clone();
+    // Every second a random live replica is SIGKILLed, for the whole run.
+    let chaos = std::thread::spawn(move || {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut kills = 0;
+        while !finished.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1000));
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let rank = seed % 3;
+            let pids = workers(&target, &[format!("RANK={rank}")]);
+            if let Some(pid) = pids.first() {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                kills += 1;
+            }
+        }
+        kills
+    });
+    let code = launch_vit(&["--nproc", "3", "--max-restarts", "1000"], &trainer, &out);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let kills = chaos.join().unwrap();
+    assert_eq!(code, 0);
+    assert!(
+        kills >= 2,
+        "only {kills} replica(s) killed: the run was too short"
+    );
+    let last = out.join(format!("checkpoint-{steps}"));
+    let first = saved_params(&last, 0, 3);
+    assert_eq!(first, saved_params(&last, 1, 3));
+    assert_eq!(first, saved_params(&last, 2, 3));
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// Child processes killed when the test ends, passed or not (no stray process).
+struct Reaped(Vec<std::process::Child>);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn when_the_lighthouse_dies_every_worker_ends_with_a_named_error() {
+    let out = fresh("lighthouse-dies");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let lighthouse = Command::new(example("lighthouse"))
+        .args(["--replicas", "2", "--bind", &address, "--timeout-s", "10"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the lighthouse example, built beside this test");
+    let mut lighthouse = Reaped(vec![lighthouse]);
+    let mut workers = Reaped(Vec::new());
+    let mut errors = Vec::new();
+    for rank in 0..2 {
+        let place = afterburner::parallel::Launched {
+            rank,
+            world_size: 2,
+            local_rank: rank,
+            local_world_size: 2,
+            node_rank: 0,
+            lighthouse: address.clone(),
+            restart_count: 0,
+            policy: afterburner::parallel::RestartPolicy::Replica,
+            collective_timeout: Duration::from_secs(10),
+        };
+        let mut worker = Command::new(example("vit_classify"))
+            .args(["--strategy", "diloco", "--diloco.sync-every", "5"])
+            .args(["--max-steps", "100000", "--eval-strategy", "no"])
+            .args(["--save-strategy", "no", "--load-best-model-at-end", "false"])
+            .args(["--logging-strategy", "steps", "--logging-steps", "10"])
+            .args(["--disable-tqdm", "--output-dir"])
+            .arg(&out)
+            .envs(place.to_vars())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = worker.stderr.take().unwrap();
+        errors.push(std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        }));
+        workers.0.push(worker);
+    }
+    let log = out.join("log.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("\"step\":20")) {
+        assert!(
+            Instant::now() < deadline,
+            "the workers did not reach step 20"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    lighthouse.0[0].kill().unwrap();
+    let killed = Instant::now();
+    for (worker, stderr) in workers.0.iter_mut().zip(errors) {
+        // Never a hang: each ends within the collective timeout (10 s) and some slack.
+        let status = loop {
+            if let Some(status) = worker.try_wait().unwrap() {
+                break status;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(40), "a worker hangs");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = stderr.join().unwrap();
+        assert_eq!(status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("lighthouse connection"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn two_launchers_on_loopback_make_one_run_equal_to_one_launcher() {
+    let (one, two) = (fresh("one-node"), fresh("two-nodes"));
+    let short: Vec<&str> = DDP
+        .iter()
+        .map(|a| if *a == "150" { "40" } else { a })
+        .collect();
+    assert_eq!(launch_vit(&["--nproc", "2"], &short, &one), 0);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let rdzv = format!("127.0.0.1:{port}");
+    let nodes: Vec<_> = ["0", "1"]
+        .into_iter()
+        .map(|node| {
+            let (rdzv, short, out) = (rdzv.clone(), short.clone(), two.clone());
+            std::thread::spawn(move || {
+                let launcher = [
+                    "--nproc",
+                    "1",
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    node,
+                    "--rdzv",
+                    &rdzv,
+                ];
+                launch_vit(&launcher, &short, &out)
+            })
+        })
+        .collect();
+    for node in nodes {
+        assert_eq!(node.join().unwrap(), 0);
+    }
+    assert_eq!(
+        tensor_bytes(&one.join("model.safetensors")),
+        tensor_bytes(&two.join("model.safetensors"))
+    );
+    let _ = std::fs::remove_dir_all(one);
+    let _ = std::fs::remove_dir_all(two);
+}
