@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use afterburner::localsgd::DiLoCoConfig;
 use afterburner::parallel::{Lighthouse, QuorumConfig, ReplicaRun, fail_and_restart};
+use afterburner::precision::{GradScalerConfig, GradScalerState};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::digits;
 use burn::optim::AdamWConfig;
@@ -36,22 +37,31 @@ struct Record {
     joined: (u64, Vec<f32>),
     synced: Vec<(u64, Vec<f32>)>,
     last: Vec<f32>,
+    /// The fp16 loss scale right after `join`, and after each sync step.
+    joined_scale: Option<GradScalerState>,
+    synced_scales: Vec<(u64, Option<GradScalerState>)>,
 }
 
 /// `run`'s replica trains until `STEPS`: a failing run fails at step 4, the replicas that stay
 /// up pause at step 7 until the failed one has restarted.
-fn replica(lighthouse: &Arc<Lighthouse>, run: &ReplicaRun) -> Result<Record, AccelerateError> {
+fn replica(
+    lighthouse: &Arc<Lighthouse>,
+    run: &ReplicaRun,
+    config: AcceleratorConfig,
+) -> Result<Record, AccelerateError> {
     let id = run.id;
     let device = Default::default();
     let group = lighthouse.replica(id, &device)?;
     run.connected();
-    let mut acc = Accelerator::<B>::with_group(config("diloco"), device, Box::new(group))?;
+    let mut acc = Accelerator::<B>::with_group(config, device, Box::new(group))?;
     let (mut model, mut optim) = acc.join(vit(8), AdamWConfig::new().init())?;
     let start = acc.counters().optimizer_steps;
     let mut record = Record {
         joined: (start, flatten(&params(&model))),
         synced: Vec::new(),
         last: Vec::new(),
+        joined_scale: acc.precision_plugin().scaler_state(),
+        synced_scales: Vec::new(),
     };
     let loader = acc.dataloader(digits::load()?.take(144), BATCHER, 8)?;
     let batches: Vec<_> = loader.epoch(0).collect();
@@ -70,6 +80,8 @@ fn replica(lighthouse: &Arc<Lighthouse>, run: &ReplicaRun) -> Result<Record, Acc
         model = acc.step(model, &mut optim, &mut 1e-3)?;
         if step % 3 == 0 {
             record.synced.push((step, flatten(&params(&model))));
+            let scale = acc.precision_plugin().scaler_state();
+            record.synced_scales.push((step, scale));
         }
     }
     let model = acc.finish(model)?;
@@ -81,7 +93,9 @@ fn replica(lighthouse: &Arc<Lighthouse>, run: &ReplicaRun) -> Result<Record, Acc
 fn a_failed_replica_rejoins_through_the_accelerator() {
     let _rng = rng_lock();
     let lighthouse = Lighthouse::new(QuorumConfig::new(3)).unwrap();
-    let runs = fail_and_restart(3, 1, move |run| replica(&lighthouse, &run));
+    let runs = fail_and_restart(3, 1, move |run| {
+        replica(&lighthouse, &run, config("diloco"))
+    });
     assert!(runs.failed.is_err());
     let survivors: Vec<Record> = runs.survivors.into_iter().map(Result::unwrap).collect();
     let rejoined = runs.restarted.unwrap();
@@ -94,6 +108,38 @@ fn a_failed_replica_rejoins_through_the_accelerator() {
     assert_eq!(survivors[0].synced, survivors[1].synced);
     assert_eq!(survivors[0].last, survivors[1].last);
     assert_eq!(survivors[0].last, rejoined.last);
+}
+
+/// Under fp16 the healed replica takes the donor's loss scale (here grown at every finite
+/// step, so a fresh scaler's would differ), not a fresh one.
+#[test]
+fn a_rejoined_replica_takes_the_live_loss_scale() {
+    let _rng = rng_lock();
+    let lighthouse = Lighthouse::new(QuorumConfig::new(3)).unwrap();
+    let fp16 = AcceleratorConfig {
+        precision: "16-mixed".parse().unwrap(),
+        grad_scaler: GradScalerConfig {
+            init_scale: 8.0,
+            growth_interval: 1,
+            ..Default::default()
+        },
+        ..config("diloco")
+    };
+    let runs = fail_and_restart(3, 1, move |run| replica(&lighthouse, &run, fp16.clone()));
+    let survivor = runs.survivors.into_iter().next().unwrap().unwrap();
+    let rejoined = runs.restarted.unwrap();
+    assert_eq!(rejoined.joined.0, 9);
+    let (_, live) = survivor
+        .synced_scales
+        .iter()
+        .find(|(s, _)| *s == 9)
+        .unwrap();
+    let live = live.expect("a loss scaler under 16-mixed");
+    assert_ne!(
+        live.scale, 8.0,
+        "the live scale never moved: the test shows nothing"
+    );
+    assert_eq!(rejoined.joined_scale, Some(live));
 }
 
 #[test]

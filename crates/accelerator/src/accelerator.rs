@@ -192,15 +192,6 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         &self.strategy
     }
 
-    /// Whether this Accelerator's replicas are fault tolerant (Local SGD or DiLoCo over a
-    /// quorum group): set such a replica up with [`join`](Self::join), which heals one that
-    /// was restarted.
-    pub fn is_fault_tolerant(&self) -> bool {
-        self.strategy
-            .group()
-            .is_some_and(|group| group.quorum().is_some())
-    }
-
     /// Moves the model to the device, initialises every lazy parameter, and for the `*-true`
     /// modes casts it to the half dtype. The optimizer is returned as is: Burn optimizers
     /// create their state from the gradients, so it follows the parameters' dtype (f32 master
@@ -218,41 +209,6 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
         let model = self.precision.prepare_model(model.fork(&self.device))?;
         Ok(self.strategy.setup(model)?)
-    }
-
-    /// [`setup`](Self::setup) for a replica of a fault-tolerant run (Local SGD or DiLoCo over
-    /// a [`QuorumGroup`](afterburner_parallel::QuorumGroup) given to
-    /// [`with_group`](Accelerator::with_group); docs/fault-tolerance.md). A replica that
-    /// starts with the run is set up as by `setup`. One that joins a run in progress (a
-    /// restarted one) receives a live replica's parameters, optimizer state and strategy
-    /// state, and its step counter continues from that replica's: continue your loop after
-    /// `counters().optimizer_steps`. Under any other strategy, the same as `setup`.
-    pub fn join<M, O>(&mut self, model: M, mut optimizer: O) -> Result<(M, O), AccelerateError>
-    where
-        M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
-    {
-        let model = self.precision.prepare_model(model.fork(&self.device))?;
-        let (model, step) = self.strategy.join(model, &mut optimizer)?;
-        if step > 0 {
-            self.counters.optimizer_steps = step;
-            self.reseed();
-            tracing::info!(step, "joined a run in progress from a live replica's state");
-        }
-        Ok((model, optimizer))
-    }
-
-    /// After a [`join`](Self::join) that healed this replica at optimizer step `step`: moves
-    /// the training loader's position to where the live replicas stand, for `batches` batches
-    /// per epoch (every replica reads as many; an accumulation cycle ends at each epoch's end),
-    /// so the joiner continues at the same epoch and batch of its own shard.
-    pub fn continue_data_after(&self, step: u64, batches: usize) {
-        let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
-        let per_cycle = self.config.gradient_accumulation_steps.max(1) as u64;
-        let steps_per_epoch = (batches as u64).div_ceil(per_cycle).max(1);
-        progress.num_batches = batches;
-        progress.epoch = (step / steps_per_epoch) as usize;
-        progress.next_batch = ((step % steps_per_epoch) * per_cycle).min(batches as u64) as usize;
     }
 
     /// A training loader over any Burn `dataset` and `batcher` on this device, shuffled from
@@ -420,8 +376,10 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         let lr = scheduler.step();
         let model = optimizer.step(lr, model, grads);
         let step = self.counters.optimizer_steps + 1;
-        let model = self.strategy.after_optimizer_step(model, optimizer, step)?;
         self.precision.update(false);
+        // A joiner healed at this step's sync continues with the scale after it.
+        self.attach_live_state();
+        let model = self.strategy.after_optimizer_step(model, optimizer, step)?;
         self.counters.optimizer_steps += 1;
         self.last = StepOutcome::Stepped {
             lr,

@@ -36,6 +36,7 @@ mod error;
 mod forward;
 mod gradients;
 mod group;
+mod join;
 mod outcome;
 mod quiet;
 mod save;

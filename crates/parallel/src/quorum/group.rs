@@ -77,6 +77,8 @@ struct Handle {
     /// A joiner waits for this replica's state.
     donate: AtomicBool,
     members: Mutex<Vec<usize>>,
+    /// What this replica sends with its live state, or, once healed, what it received.
+    attachment: Mutex<Vec<u8>>,
     /// One collective at a time (clones may call from two threads).
     calling: Mutex<()>,
 }
@@ -163,6 +165,7 @@ impl<B: Backend> QuorumGroup<B> {
                 seq: AtomicU64::new(0),
                 donate: AtomicBool::new(false),
                 members: Mutex::new(Vec::new()),
+                attachment: Mutex::new(Vec::new()),
                 calling: Mutex::new(()),
             }),
             device: device.clone(),
@@ -314,6 +317,20 @@ impl Quorum for Handle {
             .send_state(&self.session, next_seq, state)?;
         self.donate.store(false, Ordering::SeqCst);
         Ok(())
+    }
+
+    fn attach(&self, bytes: Vec<u8>) {
+        *self
+            .attachment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = bytes;
+    }
+
+    fn attached(&self) -> Vec<u8> {
+        self.attachment
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn receive_state(&self) -> Result<Vec<u8>, ParallelError> {

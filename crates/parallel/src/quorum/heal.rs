@@ -1,5 +1,6 @@
 //! A live replica's state for a joining one: the model (parameters and their ids), the
-//! optimizer state, the strategy's own state and the step, encoded in one message. The
+//! optimizer state, the strategy's own state, the step and the caller's attachment
+//! ([`Quorum::attach`]: the Accelerator's loss scale), encoded in one message. The
 //! replica strategies send it after a sync when the group asks
 //! ([`donate_live_state`]) and a joining replica loads it ([`receive_live_state`]).
 
@@ -18,8 +19,8 @@ use crate::{ParallelError, StrategyState};
 /// How records are encoded in the live state (full precision: the joiner gets every bit).
 type Codec = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
-/// The first bytes of a live state (format version 1).
-const MAGIC: &[u8; 8] = b"ABLIVE01";
+/// The first bytes of a live state (format version 2: with the caller's attachment).
+const MAGIC: &[u8; 8] = b"ABLIVE02";
 
 /// If a joining replica waits for this replica's state (`quorum` asked it at a collective),
 /// sends `model`, `optimizer`'s state, the strategy's `own_state` and `step`; else nothing.
@@ -61,6 +62,7 @@ where
         put_bytes(&mut out, name.as_bytes());
         put_f32s(&mut out, values);
     }
+    put_bytes(&mut out, &quorum.attached());
     tracing::info!(
         replica = quorum.replica(),
         step,
@@ -104,6 +106,7 @@ where
         let name = String::from_utf8_lossy(&state.bytes()?).into_owned();
         strategy.tensors.push((name, state.f32s()?));
     }
+    quorum.attach(state.bytes()?);
     if !state.is_done() {
         return Err(ParallelError::Record(
             "the live state holds bytes after its end".into(),

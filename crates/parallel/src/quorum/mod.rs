@@ -57,6 +57,14 @@ pub trait Quorum: Send + Sync {
     /// replica's next collective on.
     fn send_state(&self, state: Vec<u8>) -> Result<(), ParallelError>;
 
+    /// Sets what this replica sends with its live state beyond the model, optimizer and
+    /// strategy (the caller's own, e.g. the Accelerator's fp16 loss scale); on a healed
+    /// replica, [`receive_live_state`] puts there what the donor attached.
+    fn attach(&self, bytes: Vec<u8>);
+
+    /// The bytes [`attach`](Self::attach)ed (empty when none).
+    fn attached(&self) -> Vec<u8>;
+
     /// On a joining replica: waits for a live replica's state
     /// ([`QuorumConfig::join_timeout`]); from then on this replica takes part in collectives.
     fn receive_state(&self) -> Result<Vec<u8>, ParallelError>;

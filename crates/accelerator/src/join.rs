@@ -1,0 +1,86 @@
+//! The fault-tolerant side of the [`Accelerator`]: a Local SGD or DiLoCo replica set up by
+//! `join`, healed from a live replica when it was restarted (model, optimizer, strategy state,
+//! step counter, loss scale), and the data position it continues at.
+
+use std::sync::PoisonError;
+
+use afterburner_parallel::ParallelStrategy;
+use afterburner_precision::GradScalerState;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::{AccelerateError, Accelerator};
+
+impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
+    /// Whether this Accelerator's replicas are fault tolerant (Local SGD or DiLoCo over a
+    /// quorum group): set such a replica up with [`join`](Self::join), which heals one that
+    /// was restarted.
+    pub fn is_fault_tolerant(&self) -> bool {
+        self.strategy
+            .group()
+            .is_some_and(|group| group.quorum().is_some())
+    }
+
+    /// [`setup`](Self::setup) for a replica of a fault-tolerant run (Local SGD or DiLoCo over
+    /// a [`QuorumGroup`](afterburner_parallel::QuorumGroup) given to
+    /// [`with_group`](Accelerator::with_group); docs/fault-tolerance.md). A replica that
+    /// starts with the run is set up as by `setup`. One that joins a run in progress (a
+    /// restarted one) receives a live replica's parameters, optimizer state and strategy
+    /// state, and its step counter continues from that replica's: continue your loop after
+    /// `counters().optimizer_steps`. Under any other strategy, the same as `setup`.
+    pub fn join<M, O>(&mut self, model: M, mut optimizer: O) -> Result<(M, O), AccelerateError>
+    where
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let model = self.precision.prepare_model(model.fork(&self.device))?;
+        let (model, step) = self.strategy.join(model, &mut optimizer)?;
+        if step > 0 {
+            self.counters.optimizer_steps = step;
+            self.load_attached_state()?;
+            self.reseed();
+            tracing::info!(step, "joined a run in progress from a live replica's state");
+        }
+        Ok((model, optimizer))
+    }
+
+    /// On a fault-tolerant replica: what it sends with its live state to a joiner beyond the
+    /// strategy's (the fp16 loss scale), set before each step's sync.
+    pub(crate) fn attach_live_state(&self) {
+        let Some(quorum) = self.strategy.group().and_then(|g| g.quorum()) else {
+            return;
+        };
+        if let Ok(bytes) = serde_json::to_vec(&self.precision.scaler_state()) {
+            quorum.attach(bytes);
+        }
+    }
+
+    /// On a healed replica: loads what the donor attached (its loss scale).
+    fn load_attached_state(&mut self) -> Result<(), AccelerateError> {
+        let Some(quorum) = self.strategy.group().and_then(|g| g.quorum()) else {
+            return Ok(());
+        };
+        let bytes = quorum.attached();
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let scaler: Option<GradScalerState> = serde_json::from_slice(&bytes)
+            .map_err(|e| AccelerateError::BadData(format!("the live replica's loss scale: {e}")))?;
+        self.precision.load_scaler_state(scaler)?;
+        Ok(())
+    }
+
+    /// After a [`join`](Self::join) that healed this replica at optimizer step `step`: moves
+    /// the training loader's position to where the live replicas stand, for `batches` batches
+    /// per epoch (every replica reads as many; an accumulation cycle ends at each epoch's end),
+    /// so the joiner continues at the same epoch and batch of its own shard.
+    pub fn continue_data_after(&self, step: u64, batches: usize) {
+        let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        let per_cycle = self.config.gradient_accumulation_steps.max(1) as u64;
+        let steps_per_epoch = (batches as u64).div_ceil(per_cycle).max(1);
+        progress.num_batches = batches;
+        progress.epoch = (step / steps_per_epoch) as usize;
+        progress.next_batch = ((step % steps_per_epoch) * per_cycle).min(batches as u64) as usize;
+    }
+}
