@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use afterburner::parallel::flat_params;
 use afterburner_demos::models::{Vit, VitConfig};
-use afterburner_launch::{launch, parse_args};
+use afterburner_launch::{kill_worker, launch, launched_workers, parse_args};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
@@ -51,21 +51,8 @@ fn launch_vit(launcher: &[&str], trainer: &[&str], out: &Path) -> i32 {
 /// The pids of the live workers of the run writing to `out` whose environment holds every
 /// one of `vars` (`RANK=1`, ...).
 fn workers(out: &Path, vars: &[String]) -> Vec<u32> {
-    let needle = out.to_string_lossy().into_owned();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let read =
-                |file: &str| std::fs::read(format!("/proc/{pid}/{file}")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&read("cmdline")).replace('\0', " ");
-            let environ = read("environ");
-            let environ: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-            cmdline.contains(&needle) && vars.iter().all(|v| environ.contains(&v.as_bytes()))
-        })
-        .collect()
+    let vars: Vec<&str> = vars.iter().map(String::as_str).collect();
+    launched_workers(&out.to_string_lossy(), &vars)
 }
 
 /// SIGKILLs the workers of `out` with `vars` once `ready` holds (polling for at most 5 min);
@@ -80,7 +67,7 @@ fn kill_when(out: &Path, vars: &[String], ready: impl Fn() -> bool) -> bool {
     }
     let pids = workers(out, vars);
     for pid in &pids {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        kill_worker(*pid);
     }
     !pids.is_empty()
 }
@@ -275,8 +262,7 @@ fn diloco_over_three_replicas_survives_a_replica_killed_every_second() {
             seed ^= seed << 17;
             let rank = seed % 3;
             let pids = workers(&target, &[format!("RANK={rank}")]);
-            if let Some(pid) = pids.first() {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            if pids.first().is_some_and(|pid| kill_worker(*pid)) {
                 kills += 1;
             }
         }

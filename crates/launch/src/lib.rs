@@ -19,11 +19,13 @@
 
 mod args;
 mod error;
+mod pids;
 mod policy;
 mod supervise;
 mod worker;
 
 pub use args::{LaunchArgs, PolicyChoice, parse_args};
 pub use error::LaunchError;
+pub use pids::{kill_worker, launched_workers};
 pub use policy::policy_for;
 pub use supervise::launch;

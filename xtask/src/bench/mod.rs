@@ -14,6 +14,9 @@
 //! - `localsgd`: DDP vs Local SGD vs DiLoCo behind a slow link (wall time, bytes, accuracy).
 //! - `faults`: fault-tolerant DiLoCo on 4 workers, without a fault and with one worker failing
 //!   and restarting (wall time, bytes, rounds with every worker, accuracy).
+//! - `launch` (`--suite launch`): `afterburner launch` running the ViT example under DiLoCo on
+//!   3 replica processes, without faults and with a random replica SIGKILLed every second
+//!   (useful steps per second side by side).
 //! - `torch` (`--torch`): the checkpoint suite's models next to their PyTorch twins (step time,
 //!   peak heap, ratios), when PyTorch is installed.
 //! - `presets` (`--preset vit-b16|gpt2-small|all`): the talk's models under each precision,
@@ -30,6 +33,7 @@ mod faults;
 mod flop_overhead;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod fusion;
+mod launch;
 mod linear;
 mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
@@ -101,6 +105,8 @@ const AUTOCAST_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Fusion suite: (steps, warmup, batch size, rounds); small, for a software Vulkan driver,
 /// with 3 warm-up steps (fused kernels compile during the first ones: 1 was not enough).
 const FUSION_DEFAULTS: Defaults = (6, 3, 4, 1);
+/// Launch suite: (optimizer steps, unused, batch size per replica, runs of each scenario).
+const LAUNCH_DEFAULTS: Defaults = (600, 0, 16, 3);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
 const PRESETS_DEFAULTS: Defaults = (10, 3, 0, 1);
 
@@ -113,6 +119,7 @@ fn quick_defaults(suite: Suite) -> Defaults {
         Suite::Ddp => (2, 1, 32, 1),
         Suite::Data => (1, 1, 64, 1),
         Suite::LocalSgd | Suite::Faults => (20, 0, 32, 1),
+        Suite::Launch => (60, 0, 16, 1),
         Suite::Presets => PRESETS_DEFAULTS,
         Suite::Torch => (1, 1, 32, 1),
         Suite::Linear => (1, 1, 32, 1),
@@ -121,7 +128,7 @@ fn quick_defaults(suite: Suite) -> Defaults {
     }
 }
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|faults|fusion|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|faults|launch|fusion|all] \
 [--backend flex|cuda|wgpu|tch] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|burn-lm|all (checkpoint, linear, autocast, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
@@ -204,12 +211,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "data" => &[Suite::Data],
         "localsgd" => &[Suite::LocalSgd],
         "faults" => &[Suite::Faults],
+        "launch" => &[Suite::Launch],
         "presets" => &[Suite::Presets],
         "fusion" => &[Suite::Fusion],
         "torch" => &[Suite::Torch],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, faults, fusion, \
+                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, faults, launch, fusion, \
                  presets, torch, all (all but presets and torch, which --preset and --torch \
                  select)"
             ));
@@ -224,6 +232,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::Data => DATA_DEFAULTS,
             Suite::LocalSgd => LOCALSGD_DEFAULTS,
             Suite::Faults => FAULTS_DEFAULTS,
+            Suite::Launch => LAUNCH_DEFAULTS,
             Suite::Presets => PRESETS_DEFAULTS,
             Suite::Torch => TORCH_DEFAULTS,
             Suite::Linear => LINEAR_DEFAULTS,
@@ -244,6 +253,8 @@ enum Suite {
     LocalSgd,
     /// Fault-tolerant DiLoCo, with and without a worker failing and restarting.
     Faults,
+    /// `afterburner launch` under DiLoCo, with and without a replica killed every second.
+    Launch,
     Presets,
     Torch,
     Linear,
@@ -255,6 +266,9 @@ enum Suite {
 fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
     if let Suite::Fusion = suite {
         return fusion_on_backend(o);
+    }
+    if let Suite::Launch = suite {
+        return launch::bench(o);
     }
     macro_rules! go {
         ($inner:ty) => {
@@ -270,6 +284,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Linear => linear::bench::<$inner>(o),
                 Suite::Autocast => autocast::bench::<$inner>(o),
                 Suite::Fusion => fusion_on_backend(o),
+                Suite::Launch => launch::bench(o),
             }
         };
     }
