@@ -18,14 +18,19 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 
 type B = Autodiff<Flex>;
 
-/// The example `name`, built beside this test.
-fn example(name: &str) -> PathBuf {
+/// The binary `name` of this build's profile (`cargo test --workspace` builds every package's).
+fn built(name: &str) -> PathBuf {
     let mut dir = std::env::current_exe().expect("the test binary's path");
     dir.pop();
     if dir.ends_with("deps") {
         dir.pop();
     }
-    dir.join("examples").join(name)
+    dir.join(name)
+}
+
+/// The example `name`, built beside this test.
+fn example(name: &str) -> PathBuf {
+    built("examples").join(name)
 }
 
 /// A fresh folder for one run.
@@ -414,4 +419,65 @@ fn two_launchers_on_loopback_make_one_run_equal_to_one_launcher() {
     );
     let _ = std::fs::remove_dir_all(one);
     let _ = std::fs::remove_dir_all(two);
+}
+
+#[test]
+fn sigterm_to_the_launcher_stops_every_worker_with_the_graceful_save() {
+    let launcher = built("afterburner");
+    assert!(
+        launcher.exists(),
+        "{} is missing: cargo test --workspace builds it (or cargo build -p afterburner-launch)",
+        launcher.display()
+    );
+    let out = fresh("sigterm");
+    let child = Command::new(&launcher)
+        .args(["launch", "--nproc", "2", "--"])
+        .arg(example("vit_classify"))
+        .args([
+            "--strategy",
+            "ddp",
+            "--max-steps",
+            "100000",
+            "--eval-strategy",
+            "no",
+        ])
+        .args(["--save-strategy", "no", "--load-best-model-at-end", "false"])
+        .args(["--logging-strategy", "steps", "--logging-steps", "10"])
+        .args(["--stop-on-signal", "true", "--disable-tqdm", "--output-dir"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut child = Reaped(vec![child]);
+    let log = out.join("log.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("\"step\":20")) {
+        assert!(
+            Instant::now() < deadline,
+            "the workers did not reach step 20"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    assert!(sent.is_ok_and(|s| s.success()));
+    let child = child.0.pop().unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The Trainer's graceful stop saves, then ends with its error (exit 2), on both ranks.
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("signal 15 received; forwarding it"),
+        "{stderr}"
+    );
+    for rank in 0..2 {
+        let line = format!("[rank {rank}] error: training stopped by a signal at step");
+        assert!(stderr.contains(&line), "{stderr}");
+    }
+    let saved = afterburner::trainer::list_checkpoints(&out);
+    assert_eq!(saved.len(), 1, "one graceful-stop checkpoint: {saved:?}");
+    let _ = std::fs::remove_dir_all(out);
 }
