@@ -228,6 +228,14 @@ fn a_killed_diloco_replica_is_started_alone_healed_and_ends_equal() {
     );
     let last = out.join("checkpoint-200");
     assert_eq!(saved_params(&last, 0, 2), saved_params(&last, 1, 2));
+    // Replica 1's checkpoint says it rejoined (once), replica 0's that it never did: the
+    // Trainer state's `rejoined_at_steps`, a MessagePack array of 1 and of 0 steps.
+    let state = |rank: usize| {
+        std::fs::read(last.join(format!("rank-{rank:05}-of-00002/trainer_state.mpk"))).unwrap()
+    };
+    let holds = |bytes: &[u8], wanted: &[u8]| bytes.windows(wanted.len()).any(|w| w == wanted);
+    assert!(holds(&state(1), b"rejoined_at_steps\x91"));
+    assert!(holds(&state(0), b"rejoined_at_steps\x90"));
     let _ = std::fs::remove_dir_all(out);
 }
 

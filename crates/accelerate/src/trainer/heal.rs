@@ -50,6 +50,7 @@ impl<T: TrainerTypes> Trainer<T> {
         let steps_per_epoch = (batches as u64).div_ceil(per_cycle).max(1);
         let (epoch, next_batch) = self.acc.data_position();
         self.state.global_step = step;
+        self.state.rejoined_at_steps.push(step);
         self.state.epoch = epoch as f64 + next_batch as f64 / batches.max(1) as f64;
         self.state.batches_total = (step / steps_per_epoch) * batches as u64
             + ((step % steps_per_epoch) * per_cycle).min(batches as u64);

@@ -174,7 +174,9 @@ where
 {
     /// A Trainer on the backend's default device (one device: for several, build each
     /// rank's Trainer with [`on`](Self::on) inside [`Accelerator::run`]). `eval_dataset`
-    /// may be empty when `eval_strategy` is "no".
+    /// may be empty when `eval_strategy` is "no". In a process started by `afterburner
+    /// launch`, it is this process's rank of the launched run, under any strategy
+    /// ([`Accelerator::launched`]): a program needs no launch code of its own.
     pub fn new<D, E, Bt>(
         model: M,
         args: TrainingArguments,
@@ -188,6 +190,11 @@ where
         Bt: Batcher<B, I, TB> + Batcher<Inner<B>, I, EB> + Clone + 'static,
     {
         args.validate()?;
+        if let Some(launched) = crate::parallel::Launched::from_env()? {
+            // Started by `afterburner launch`: this process's rank of the launched run.
+            let acc = Accelerator::launched(args.accelerator_config(), &launched)?;
+            return Self::on(acc, model, args, train_dataset, eval_dataset, batcher);
+        }
         if args.strategy.is_distributed() {
             return Err(AccelerateError::argument(
                 "strategy",

@@ -87,6 +87,10 @@ pub struct TrainerState {
     pub batches_total: u64,
     /// Every log and evaluation, in order.
     pub log_history: Vec<LogEntry>,
+    /// The steps at which this rank rejoined the run, healed from a live replica (a Local SGD
+    /// or DiLoCo replica that `afterburner launch` started again): its checkpoints say so.
+    #[serde(default)]
+    pub rejoined_at_steps: Vec<u64>,
 }
 
 /// What [`Trainer::train`](super::Trainer::train) returns, like HF's `TrainOutput`.
