@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use afterburner_parallel::{Launched, LighthouseServer, RestartPolicy};
+use afterburner_parallel::{Launched, LighthouseServer, RestartPolicy, launched};
 
 use crate::LaunchError;
 use crate::args::{LaunchArgs, PolicyChoice};
@@ -184,7 +184,7 @@ fn serve(
     let config = Launched::quorum_config(args.nproc * args.nnodes, policy, args.collective_timeout);
     let deadline = Instant::now() + if restart { REBIND } else { Duration::ZERO };
     loop {
-        match LighthouseServer::bind(address, config) {
+        match LighthouseServer::bind_with_token(address, config, launched::token()) {
             Ok(server) => return Ok(Some(server)),
             Err(e) if Instant::now() >= deadline || !address_in_use(&e.to_string()) => {
                 return Err(LaunchError::Rendezvous {

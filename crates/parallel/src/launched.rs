@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use serde_with::{DeserializeFromStr, SerializeDisplay};
 use strum::{Display, EnumIter, EnumMessage, EnumString};
 
-use crate::{ParallelError, ProcessGroup, QuorumConfig, connect_tcp};
+use crate::{ParallelError, ProcessGroup, QuorumConfig, connect_tcp_with_token};
 
 /// The global rank of this worker (torchrun's name).
 pub const RANK: &str = "RANK";
@@ -38,6 +38,16 @@ pub const RESTART_POLICY: &str = "AFTERBURNER_RESTART_POLICY";
 /// Seconds a collective waits for a late rank before it fails (or, under the replica
 /// policy, drops it).
 pub const COLLECTIVE_TIMEOUT_S: &str = "AFTERBURNER_COLLECTIVE_TIMEOUT_S";
+
+/// A shared secret every rank presents to the lighthouse (set it in the environment of every
+/// launcher; the workers inherit it): a connection without it is refused. Unset: any
+/// connection is admitted.
+pub const TOKEN: &str = "AFTERBURNER_TOKEN";
+
+/// The [`TOKEN`] of this process's environment (`None` when unset or empty).
+pub fn token() -> Option<String> {
+    std::env::var(TOKEN).ok().filter(|t| !t.is_empty())
+}
 
 /// What a launcher does when a worker dies.
 #[derive(
@@ -186,18 +196,20 @@ impl Launched {
     }
 
     /// Connects this worker to the launch's lighthouse (waiting up to the collective timeout
-    /// for it) and returns its process group on `device`: a fault-tolerant quorum group under
+    /// for it, presenting the environment's [`TOKEN`]) and returns its process group on
+    /// `device`: a fault-tolerant quorum group under
     /// [`RestartPolicy::Replica`], a group whose ranks fail together under
     /// [`RestartPolicy::All`].
     pub fn connect<B: Backend>(
         &self,
         device: &B::Device,
     ) -> Result<Box<dyn ProcessGroup<B>>, ParallelError> {
-        let group = connect_tcp::<B>(
+        let group = connect_tcp_with_token::<B>(
             self.lighthouse.as_str(),
             self.rank,
             device,
             self.collective_timeout,
+            token().as_deref(),
         )?;
         if group.world_size() != self.world_size {
             return Err(ParallelError::Mismatch {

@@ -83,7 +83,7 @@ pub use params::{flat_params, param_ids, param_positions, with_flat_params};
 pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use quorum::{
     Lighthouse, LighthouseServer, Quorum, QuorumConfig, QuorumGroup, connect_tcp,
-    donate_live_state, receive_live_state,
+    connect_tcp_with_token, donate_live_state, receive_live_state,
 };
 pub use record::{
     OptimizerRecord, ParamPositions, join_param_shards, mean_param_states, merge_param_states,

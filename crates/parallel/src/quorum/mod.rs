@@ -33,7 +33,7 @@ pub use heal::{donate_live_state, receive_live_state};
 pub use lighthouse::Lighthouse;
 #[cfg(feature = "testing")]
 pub use scenario::{FailAndRestart, ReplicaRun, fail_and_restart};
-pub use tcp::{LighthouseServer, connect_tcp};
+pub use tcp::{LighthouseServer, connect_tcp, connect_tcp_with_token};
 
 use crate::ParallelError;
 

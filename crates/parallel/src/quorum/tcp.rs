@@ -33,14 +33,25 @@ impl LighthouseServer {
     /// Serves a new lighthouse for `config` on `address` (e.g. `"127.0.0.1:0"` for a free
     /// port: read it back with [`address`](Self::address)).
     pub fn bind(address: impl ToSocketAddrs, config: QuorumConfig) -> Result<Self, ParallelError> {
+        Self::bind_with_token(address, config, None)
+    }
+
+    /// [`bind`](Self::bind), admitting only replicas that present `token` (a shared secret,
+    /// see [`connect_tcp_with_token`]); `None` admits any.
+    pub fn bind_with_token(
+        address: impl ToSocketAddrs,
+        config: QuorumConfig,
+        token: Option<String>,
+    ) -> Result<Self, ParallelError> {
         let lighthouse = Lighthouse::new(config)?;
+        let token = Arc::new(token);
         let listener = TcpListener::bind(address).map_err(|e| io_error("bind", 0, e))?;
         let address = listener.local_addr().map_err(|e| io_error("bind", 0, e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (served, stopping) = (lighthouse.clone(), stop.clone());
         std::thread::Builder::new()
             .name("afterburner-lighthouse".into())
-            .spawn(move || accept(listener, served, stopping))
+            .spawn(move || accept(listener, served, stopping, token))
             .map_err(|e| io_error("bind", 0, e))?;
         tracing::info!(%address, replicas = config.replicas, "lighthouse listening");
         Ok(Self {
@@ -68,21 +79,44 @@ impl Drop for LighthouseServer {
     }
 }
 
-fn accept(listener: TcpListener, lighthouse: Arc<Lighthouse>, stop: Arc<AtomicBool>) {
+fn accept(
+    listener: TcpListener,
+    lighthouse: Arc<Lighthouse>,
+    stop: Arc<AtomicBool>,
+    token: Arc<Option<String>>,
+) {
     for stream in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;
         }
         let Ok(stream) = stream else { continue };
-        let lighthouse = lighthouse.clone();
+        let (lighthouse, token) = (lighthouse.clone(), token.clone());
         let _ = std::thread::Builder::new()
             .name("afterburner-lighthouse-replica".into())
-            .spawn(move || serve(stream, &lighthouse));
+            .spawn(move || serve(stream, &lighthouse, token.as_deref()));
     }
 }
 
+/// Whether a hello's `presented` token (the rest of the frame) admits it under `token`.
+fn admitted(token: Option<&str>, hello: &mut Frame) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    let presented = match hello.is_done() {
+        true => Vec::new(),
+        false => hello.bytes().unwrap_or_default(),
+    };
+    // Compared in full whatever the first difference (no early exit to time).
+    presented.len() == token.len()
+        && presented
+            .iter()
+            .zip(token.as_bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
 /// One replica's connection: a hello, then requests until it leaves or the connection closes.
-fn serve(stream: TcpStream, lighthouse: &Lighthouse) {
+fn serve(stream: TcpStream, lighthouse: &Lighthouse, token: Option<&str>) {
     let _ = stream.set_nodelay(true);
     let Ok(write_half) = stream.try_clone() else {
         return;
@@ -94,9 +128,20 @@ fn serve(stream: TcpStream, lighthouse: &Lighthouse) {
     if hello.u8() != Ok(HELLO) {
         return;
     }
-    let session = hello
-        .u64()
-        .and_then(|replica| lighthouse.connect(replica as usize));
+    let replica = hello.u64();
+    if !admitted(token, &mut hello) {
+        let refused = ParallelError::InvalidConfig {
+            field: "AFTERBURNER_TOKEN",
+            value: "a token that does not match the lighthouse's (or none)".into(),
+            expected: "the token the lighthouse was started with (the same \
+                       AFTERBURNER_TOKEN on every host)"
+                .into(),
+        };
+        tracing::warn!("a replica presented a wrong token: refused");
+        let _ = send(&mut writer, &error_frame(&refused));
+        return;
+    }
+    let session = replica.and_then(|replica| lighthouse.connect(replica as usize));
     let session = match session {
         Ok(session) => session,
         Err(error) => {
@@ -193,6 +238,19 @@ pub fn connect_tcp<B: Backend>(
     device: &B::Device,
     wait: Duration,
 ) -> Result<QuorumGroup<B>, ParallelError> {
+    connect_tcp_with_token(address, replica, device, wait, None)
+}
+
+/// [`connect_tcp`] presenting `token` to a lighthouse served with
+/// [`LighthouseServer::bind_with_token`] (a wrong or missing one is refused with an error
+/// naming `AFTERBURNER_TOKEN`).
+pub fn connect_tcp_with_token<B: Backend>(
+    address: impl ToSocketAddrs,
+    replica: usize,
+    device: &B::Device,
+    wait: Duration,
+    token: Option<&str>,
+) -> Result<QuorumGroup<B>, ParallelError> {
     let addresses: Vec<SocketAddr> = address
         .to_socket_addrs()
         .map_err(|e| io_error("connect", replica, e))?
@@ -212,6 +270,9 @@ pub fn connect_tcp<B: Backend>(
     };
     let mut hello = vec![HELLO];
     put_u64(&mut hello, replica as u64);
+    if let Some(token) = token {
+        put_bytes(&mut hello, token.as_bytes());
+    }
     let mut welcome = client.request(&hello, WELCOME)?;
     let session = Session {
         replica,
