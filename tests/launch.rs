@@ -40,15 +40,17 @@ fn fresh(name: &str) -> PathBuf {
     dir
 }
 
-/// `afterburner launch LAUNCHER_ARGS -- vit_classify TRAINER_ARGS --output-dir OUT`, in
-/// this process; the launcher's exit code.
+/// `afterburner launch LAUNCHER_ARGS -- vit_classify TRAINER_ARGS --output-dir OUT` (no
+/// evaluation, batch 16 per rank), in this process; the launcher's exit code.
 fn launch_vit(launcher: &[&str], trainer: &[&str], out: &Path) -> i32 {
     let vit = example("vit_classify");
     let mut args = vec!["afterburner", "launch"];
     args.extend(launcher);
     args.extend(["--", vit.to_str().unwrap()]);
     args.extend(trainer);
-    args.extend(["--output-dir", out.to_str().unwrap(), "--disable-tqdm"]);
+    args.extend(["--eval-strategy", "no", "--load-best-model-at-end", "false"]);
+    args.extend(["--per-device-train-batch-size", "16", "--disable-tqdm"]);
+    args.extend(["--output-dir", out.to_str().unwrap()]);
     let args = parse_args(args).expect("the launcher's arguments");
     launch(&args).unwrap_or_else(|e| panic!("the launch failed: {e}"))
 }
@@ -89,6 +91,25 @@ fn appears(out: &Path, vars: &[String]) -> bool {
     false
 }
 
+/// Waits (at most 2 min) until rank 0 of the run writing to `out` has logged `step`.
+fn wait_for_step(out: &Path, step: u64) {
+    let (log, wanted) = (out.join("log.jsonl"), format!("\"step\":{step}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&wanted)) {
+        assert!(
+            Instant::now() < deadline,
+            "the workers did not reach step {step}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A port free on loopback now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
 /// The tensor bytes of a safetensors file (its header's metadata map is unordered).
 fn tensor_bytes(file: &Path) -> Vec<u8> {
     let bytes = std::fs::read(file).unwrap();
@@ -127,12 +148,6 @@ const DDP: &[&str] = &[
     "steps",
     "--save-steps",
     "25",
-    "--eval-strategy",
-    "no",
-    "--per-device-train-batch-size",
-    "16",
-    "--load-best-model-at-end",
-    "false",
     "--logging-steps",
     "25",
 ];
@@ -186,12 +201,6 @@ fn a_killed_diloco_replica_is_started_alone_healed_and_ends_equal() {
         "steps",
         "--save-steps",
         "200",
-        "--eval-strategy",
-        "no",
-        "--per-device-train-batch-size",
-        "16",
-        "--load-best-model-at-end",
-        "false",
         "--logging-strategy",
         "steps",
         "--logging-steps",
@@ -254,12 +263,6 @@ fn diloco_over_three_replicas_survives_a_replica_killed_every_second() {
         "steps",
         "--save-steps",
         steps,
-        "--eval-strategy",
-        "no",
-        "--per-device-train-batch-size",
-        "16",
-        "--load-best-model-at-end",
-        "false",
     ];
     let target = out.clone();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -311,11 +314,7 @@ impl Drop for Reaped {
 #[test]
 fn when_the_lighthouse_dies_every_worker_ends_with_a_named_error() {
     let out = fresh("lighthouse-dies");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let address = format!("127.0.0.1:{port}");
     let lighthouse = Command::new(example("lighthouse"))
         .args(["--replicas", "2", "--bind", &address, "--timeout-s", "10"])
@@ -358,15 +357,7 @@ fn when_the_lighthouse_dies_every_worker_ends_with_a_named_error() {
         }));
         workers.0.push(worker);
     }
-    let log = out.join("log.jsonl");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("\"step\":20")) {
-        assert!(
-            Instant::now() < deadline,
-            "the workers did not reach step 20"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_step(&out, 20);
     lighthouse.0[0].kill().unwrap();
     let killed = Instant::now();
     for (worker, stderr) in workers.0.iter_mut().zip(errors) {
@@ -393,11 +384,7 @@ fn two_launchers_on_loopback_make_one_run_equal_to_one_launcher() {
         .map(|a| if *a == "150" { "40" } else { a })
         .collect();
     assert_eq!(launch_vit(&["--nproc", "2"], &short, &one), 0);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let rdzv = format!("127.0.0.1:{port}");
     let nodes: Vec<_> = ["0", "1"]
         .into_iter()
@@ -459,15 +446,7 @@ fn sigterm_to_the_launcher_stops_every_worker_with_the_graceful_save() {
         .unwrap();
     let pid = child.id();
     let mut child = Reaped(vec![child]);
-    let log = out.join("log.jsonl");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("\"step\":20")) {
-        assert!(
-            Instant::now() < deadline,
-            "the workers did not reach step 20"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_step(&out, 20);
     let sent = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
