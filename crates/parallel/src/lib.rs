@@ -57,6 +57,7 @@ mod shared;
 mod slow_link;
 mod spelled;
 mod strategy;
+pub mod tp;
 mod votes;
 mod zero;
 

@@ -33,7 +33,9 @@ type Tracked<I> = FloatTensor<Autodiff<I>>;
 pub(crate) struct Stats {
     pub(crate) all_gathers: AtomicU64,
     pub(crate) reduce_scatters: AtomicU64,
-    /// f32 values this rank sent and received in gathers and reduce-scatters.
+    /// All-reduces (tensor parallelism's).
+    pub(crate) all_reduces: AtomicU64,
+    /// f32 values this rank sent and received in gathers, reduce-scatters and all-reduces.
     pub(crate) values_moved: AtomicU64,
 }
 
@@ -108,6 +110,32 @@ impl<G> Exchange<G> {
             }
         }
         Tensor::zeros([len * world], &device)
+    }
+
+    /// The sum of every rank's `values` (reduced in f32, back in their dtype); zeros after a
+    /// failure.
+    pub(crate) fn all_reduce_sum<I: Backend>(&self, values: Tensor<I, 1>) -> Tensor<I, 1>
+    where
+        G: ProcessGroup<I>,
+    {
+        let [len] = values.dims();
+        let (dtype, device) = (values.dtype(), values.device());
+        if !self.has_failed() {
+            match self
+                .group
+                .all_reduce(values.cast(DType::F32), ReduceOp::Sum)
+            {
+                Ok(sum) => {
+                    self.stats.all_reduces.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .values_moved
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                    return sum.cast(dtype);
+                }
+                Err(e) => self.record(e),
+            }
+        }
+        Tensor::<I, 1>::zeros([len], &device).cast(dtype)
     }
 
     /// This rank's chunk of the mean of every rank's `full` (f32); zeros after a failure.
@@ -234,7 +262,7 @@ impl<I: Backend, G: ProcessGroup<I> + 'static> Backward<I, 1> for GatherNode<G> 
 }
 
 /// `value` as type `U` when `T` is `U`.
-fn downcast<T: 'static, U: 'static>(value: T) -> Option<U> {
+pub(crate) fn downcast<T: 'static, U: 'static>(value: T) -> Option<U> {
     let boxed: Box<dyn Any> = Box::new(value);
     boxed.downcast::<U>().ok().map(|b| *b)
 }

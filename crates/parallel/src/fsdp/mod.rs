@@ -11,7 +11,7 @@
 
 mod config;
 mod elastic;
-mod gather;
+pub(crate) mod gather;
 mod layout;
 mod strategy;
 mod view;
