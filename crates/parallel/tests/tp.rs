@@ -2,10 +2,11 @@
 //! gives the one-device output and gradients, and after 5 AdamW steps the one-device
 //! parameters (1e-6 relative, 32-bit), with one all-reduce forward and one backward per step.
 
-use afterburner_parallel::tp::{ColumnParallel, RowParallel, TensorParallel};
+use afterburner_parallel::tp::{ColumnParallel, HeadParallel, RowParallel, TensorParallel};
 use afterburner_parallel::{LaunchConfig, ParallelError, launch, local_devices};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
+use burn::nn::attention::{MhaInput, MultiHeadAttention, MultiHeadAttentionConfig};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::gelu;
@@ -187,4 +188,113 @@ fn a_layer_that_does_not_split_evenly_is_named() {
     let error = errors[0].clone().unwrap();
     assert!(error.contains("tp_size = 4"), "{error}");
     assert!(error.contains("10 of a Linear [6, 10]"), "{error}");
+}
+
+/// Every parameter of `attention` read once (Burn initialises them lazily, per clone).
+fn initialised(attention: MultiHeadAttention<B>) -> MultiHeadAttention<B> {
+    for linear in [
+        &attention.query,
+        &attention.key,
+        &attention.value,
+        &attention.output,
+    ] {
+        let _ = (linear.weight.val(), linear.bias.as_ref().map(|b| b.val()));
+    }
+    attention
+}
+
+/// The attention's output after the first step and its 4 projections' weights after
+/// `STEPS` AdamW steps: on one device (`tp` = None) or, concatenated, over `tp` ranks.
+fn attention_run(
+    attention: MultiHeadAttention<B>,
+    x: Tensor<B, 3>,
+    mask: Tensor<B, 3, burn::tensor::Bool>,
+    tp: Option<usize>,
+) -> (Vec<f32>, [Vec<f32>; 4]) {
+    let Some(tp) = tp else {
+        let (mut model, mut optim, mut first) = (attention, AdamWConfig::new().init(), None);
+        for _ in 0..STEPS {
+            let input = MhaInput::self_attn(x.clone()).mask_attn(mask.clone());
+            let y = model.forward(input).context;
+            first.get_or_insert_with(|| values(y.clone()));
+            let grads = GradientsParams::from_grads(loss3(y).backward(), &model);
+            model = optim.step(LR, model, grads);
+        }
+        let w = |l: &Linear<B>| values(l.weight.val());
+        let m = &model;
+        return (
+            first.unwrap(),
+            [w(&m.query), w(&m.key), w(&m.value), w(&m.output)],
+        );
+    };
+    let ranks = launch::<Flex, _, _, _>(
+        local_devices::<Flex>(tp).unwrap(),
+        LaunchConfig::default(),
+        move |group| {
+            let tp = TensorParallel::new(group);
+            let mut model: HeadParallel<B> = tp.heads(attention.clone())?;
+            let (mut optim, mut first) = (AdamWConfig::new().init(), None);
+            for _ in 0..STEPS {
+                let y = model.forward_self(x.clone(), None, Some(mask.clone()), &tp);
+                first.get_or_insert_with(|| values(y.clone()));
+                let grads = GradientsParams::from_grads(loss3(y).backward(), &model);
+                tp.check()?;
+                model = optim.step(LR, model, grads);
+            }
+            let a = model.attention;
+            let w = |l: Linear<B>| l.weight.val();
+            Ok::<_, ParallelError>((
+                first.unwrap(),
+                [w(a.query), w(a.key), w(a.value), w(a.output)],
+            ))
+        },
+    )
+    .unwrap();
+    let output = ranks[0].0.clone();
+    assert!(
+        ranks.iter().all(|r| r.0 == output),
+        "every rank holds the whole output"
+    );
+    let cat = |i: usize, dim: usize| {
+        values(Tensor::cat(
+            ranks.iter().map(|r| r.1[i].clone()).collect(),
+            dim,
+        ))
+    };
+    (output, [cat(0, 1), cat(1, 1), cat(2, 1), cat(3, 0)])
+}
+
+fn loss3(y: Tensor<B, 3>) -> Tensor<B, 1> {
+    (y.clone() * y).mean()
+}
+
+#[test]
+fn attention_with_its_heads_split_over_2_and_4_ranks_trains_as_on_one_device() {
+    let device = Default::default();
+    <Flex as Backend>::seed(&Default::default(), 11);
+    let attention = initialised(
+        MultiHeadAttentionConfig::new(16, 4)
+            .with_dropout(0.0)
+            .init::<B>(&device),
+    );
+    let x =
+        Tensor::<B, 3>::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &device).require_grad();
+    // A causal mask, as a decoder's.
+    let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([5, 5], 0, &device)
+        .unsqueeze::<3>()
+        .repeat_dim(0, 2);
+    let (output, expected) = attention_run(attention.clone(), x.clone(), mask.clone(), None);
+    for tp in [2, 4] {
+        let (actual_output, actual) =
+            attention_run(attention.clone(), x.clone(), mask.clone(), Some(tp));
+        let error = relative(&actual_output, &output);
+        assert!(error < 1e-6, "tp {tp}: the output differs by {error:e}");
+        for (i, (a, e)) in actual.iter().zip(&expected).enumerate() {
+            let error = relative(a, e);
+            assert!(
+                error < 1e-6,
+                "tp {tp}: projection {i} differs by {error:e} (relative)"
+            );
+        }
+    }
 }

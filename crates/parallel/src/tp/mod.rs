@@ -4,6 +4,8 @@
 //! - [`ColumnParallel`]: `y = x W + b` with `W`'s output columns (and `b`) split; each rank
 //!   computes its slice of `y` from all of `x`. Its input goes through
 //!   [`TensorParallel::copy_to_ranks`] (identity forward, gradient summed over the ranks).
+//! - [`HeadParallel`]: Burn's `MultiHeadAttention` with its heads split (query, key, value
+//!   column-parallel, the output projection row-parallel).
 //! - [`RowParallel`]: `W`'s input rows split; each rank multiplies its slice of `x` and the
 //!   partial products are summed over the ranks ([`TensorParallel::sum_over_ranks`], in f32;
 //!   identity backward); the bias lives on rank 0 only, so it is added once.
@@ -37,7 +39,10 @@
 //! # Ok::<(), afterburner_parallel::ParallelError>(())
 //! ```
 
+mod attention;
 mod ops;
+
+pub use attention::HeadParallel;
 
 use std::sync::Arc;
 use std::sync::Mutex;
