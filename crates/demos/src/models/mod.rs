@@ -6,5 +6,7 @@
 mod transformer;
 mod vit;
 
-pub use transformer::{Transformer, TransformerBlock, TransformerConfig};
+pub use transformer::{
+    TpTransformer, TpTransformerBlock, Transformer, TransformerBlock, TransformerConfig,
+};
 pub use vit::{Vit, VitConfig};

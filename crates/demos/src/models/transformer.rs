@@ -3,6 +3,10 @@
 //! (the layer norms, the softmax, the GELU) are [`BlockKind::Cheap`] parts, which the
 //! `selective` policy recomputes while the matmul outputs stay saved.
 
+mod tp;
+
+pub use tp::{TpTransformer, TpTransformerBlock};
+
 use afterburner::checkpoint::{BlockKind, Checkpointed, checkpoint};
 use burn::config::Config;
 use burn::module::Module;

@@ -148,6 +148,57 @@ impl<G> TensorParallel<G> {
         })
     }
 
+    /// [`column`](Self::column) for a fused projection whose outputs are `chunks` blocks side
+    /// by side (a `[d, 3 d]` query-key-value Linear: `chunks = 3`): this rank takes its slice
+    /// of each block, so its output still splits into `chunks` blocks (its heads of each).
+    pub fn column_chunks<B: AutodiffBackend>(
+        &self,
+        linear: Linear<B>,
+        chunks: usize,
+    ) -> Result<ColumnParallel<B>, ParallelError> {
+        let [d_in, d_out] = self.splittable::<B>(&linear, 1)?;
+        if chunks == 0 || !d_out.is_multiple_of(chunks * self.size) {
+            return Err(ParallelError::InvalidConfig {
+                field: "tp_size",
+                value: self.size.to_string(),
+                expected: format!(
+                    "a divisor of each of the {chunks} blocks of a Linear [{d_in}, {d_out}]"
+                ),
+            });
+        }
+        let width = d_out / chunks;
+        let ranges: Vec<_> = (0..chunks)
+            .map(|c| {
+                let mine = self.slice_of(width);
+                c * width + mine.start..c * width + mine.end
+            })
+            .collect();
+        let weight = linear.weight.val();
+        let weight = Tensor::cat(
+            ranges
+                .iter()
+                .map(|r| weight.clone().slice([0..d_in, r.clone()]))
+                .collect(),
+            1,
+        );
+        let bias = linear.bias.map(|b| {
+            let b = b.val();
+            leaf(Tensor::cat(
+                ranges
+                    .iter()
+                    .map(|r| b.clone().slice([r.clone()]))
+                    .collect(),
+                0,
+            ))
+        });
+        Ok(ColumnParallel {
+            linear: Linear {
+                weight: leaf(weight),
+                bias,
+            },
+        })
+    }
+
     /// This rank's row-parallel part of `linear`: its slice of the weight's input rows, and
     /// the bias on rank 0 only.
     pub fn row<B: AutodiffBackend>(

@@ -1,0 +1,177 @@
+//! The demo transformer's tensor-parallel plan (Megatron's): in every block the fused
+//! query-key-value projection and the MLP's first Linear are column-parallel (each rank keeps
+//! `n_heads / tp` heads and `4 d / tp` hidden units), the attention's output projection and the
+//! MLP's second Linear row-parallel; the embeddings, the norms and the head stay whole on
+//! every rank. Two all-reduces forward and two backward per block.
+
+use afterburner::checkpoint::{BlockKind, Checkpointed, checkpoint};
+use afterburner::parallel::tp::{ColumnParallel, RowParallel, TensorParallel};
+use afterburner::parallel::{ParallelError, ProcessGroup};
+use burn::module::Module;
+use burn::nn::{Embedding, LayerNorm, Linear};
+use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
+
+use super::{Transformer, TransformerBlock, linear_2d};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// One rank's [`TransformerBlock`] under tensor parallelism (see the module docs).
+#[derive(Module, Debug)]
+pub struct TpTransformerBlock<B: Backend> {
+    norm1: Checkpointed<B, LayerNorm<B>>,
+    /// This rank's heads of the query, key and value projections, `[d, 3 d / tp]`.
+    pub qkv: ColumnParallel<B>,
+    /// This rank's rows of the output projection, `[d / tp, d]`.
+    pub proj: RowParallel<B>,
+    norm2: Checkpointed<B, LayerNorm<B>>,
+    /// This rank's hidden units, `[d, 4 d / tp]`.
+    pub fc1: ColumnParallel<B>,
+    /// This rank's rows of the MLP's output, `[4 d / tp, d]`.
+    pub fc2: RowParallel<B>,
+    /// This rank's heads.
+    n_heads: usize,
+}
+
+/// One rank's [`Transformer`] under tensor parallelism, from [`Transformer::parallelize`].
+#[derive(Module, Debug)]
+pub struct TpTransformer<B: Backend> {
+    tokens: Embedding<B>,
+    positions: Embedding<B>,
+    /// The blocks, each split.
+    pub blocks: Vec<TpTransformerBlock<B>>,
+    norm: LayerNorm<B>,
+    /// The language-model head, whole on every rank.
+    pub head: Linear<B>,
+}
+
+impl<B: AutodiffBackend> Transformer<B> {
+    /// This rank's part of the model under `tp` (the plan in the module docs). Every rank
+    /// must split the same model (build it once, run it or load a record, then clone it).
+    /// `n_heads` must split evenly over the ranks.
+    pub fn parallelize<G>(self, tp: &TensorParallel<G>) -> Result<TpTransformer<B>, ParallelError> {
+        let blocks = self
+            .blocks
+            .into_iter()
+            .map(|block| block.block.parallelize(tp))
+            .collect::<Result<_, _>>()?;
+        Ok(TpTransformer {
+            tokens: self.tokens,
+            positions: self.positions,
+            blocks,
+            norm: self.norm,
+            head: self.head,
+        })
+    }
+}
+
+impl<B: AutodiffBackend> TransformerBlock<B> {
+    fn parallelize<G>(
+        self,
+        tp: &TensorParallel<G>,
+    ) -> Result<TpTransformerBlock<B>, ParallelError> {
+        if !self.n_heads.is_multiple_of(tp.size()) {
+            return Err(ParallelError::InvalidConfig {
+                field: "tp_size",
+                value: tp.size().to_string(),
+                expected: format!("a divisor of the transformer's {} heads", self.n_heads),
+            });
+        }
+        Ok(TpTransformerBlock {
+            norm1: self.norm1,
+            qkv: tp.column_chunks(self.qkv, 3)?,
+            proj: tp.row(self.proj)?,
+            norm2: self.norm2,
+            fc1: tp.column(self.fc1)?,
+            fc2: tp.row(self.fc2)?,
+            n_heads: self.n_heads / tp.size(),
+        })
+    }
+}
+
+impl<B: AutodiffBackend> TpTransformerBlock<B> {
+    /// `[batch, seq, d_model]` to the same shape, whole on every rank.
+    pub fn forward<G>(&self, x: Tensor<B, 3>, tp: &TensorParallel<G>) -> Tensor<B, 3>
+    where
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        let h = self
+            .norm1
+            .forward(x.clone(), |n: &LayerNorm<B>, x| n.forward(x));
+        let x = x + self.attention(h, tp);
+        let h = self
+            .norm2
+            .forward(x.clone(), |n: &LayerNorm<B>, x| n.forward(x));
+        let h = checkpoint(BlockKind::Cheap, column_2d(&self.fc1, h, tp), gelu);
+        x + row_2d(&self.fc2, h, tp)
+    }
+
+    /// Causal self-attention over this rank's heads, summed over the ranks.
+    fn attention<G>(&self, x: Tensor<B, 3>, tp: &TensorParallel<G>) -> Tensor<B, 3>
+    where
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        let [b, s, d] = x.dims();
+        let local = d / tp.size();
+        let (heads, hd) = (self.n_heads, local / self.n_heads);
+        let split = |t: Tensor<B, 3>| t.reshape([b, s, heads, hd]).swap_dims(1, 2);
+        let qkv = column_2d(&self.qkv, x, tp).chunk(3, 2);
+        let [q, k, v] = [0, 1, 2].map(|i| split(qkv[i].clone()));
+        let scores = q.matmul(k.swap_dims(2, 3));
+        let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device());
+        let scale = (hd as f64).sqrt().recip();
+        let probs = checkpoint(BlockKind::Cheap, scores, move |scores: Tensor<B, 4>| {
+            let masked = scores
+                .mul_scalar(scale)
+                .mask_fill(mask.clone().unsqueeze::<4>(), f32::NEG_INFINITY);
+            softmax(masked, 3)
+        });
+        let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, local]);
+        row_2d(&self.proj, context, tp)
+    }
+}
+
+impl<B: AutodiffBackend> TpTransformer<B> {
+    /// `[batch, seq]` token ids to `[batch, seq, vocab]` logits, whole on every rank.
+    pub fn forward<G>(&self, tokens: Tensor<B, 2, Int>, tp: &TensorParallel<G>) -> Tensor<B, 3>
+    where
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        let [b, s] = tokens.dims();
+        let positions = Tensor::<B, 1, Int>::arange(0..s as i64, &tokens.device())
+            .reshape([1, s])
+            .repeat_dim(0, b);
+        let x = self.tokens.forward(tokens) + self.positions.forward(positions);
+        let x = self.blocks.iter().fold(x, |x, block| block.forward(x, tp));
+        linear_2d(&self.head, self.norm.forward(x))
+    }
+}
+
+/// A column-parallel layer on the `[batch * seq, d]` view (as [`linear_2d`]).
+fn column_2d<B, G>(
+    layer: &ColumnParallel<B>,
+    x: Tensor<B, 3>,
+    tp: &TensorParallel<G>,
+) -> Tensor<B, 3>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+{
+    let [b, s, d] = x.dims();
+    let y = layer.forward(x.reshape([b * s, d]), tp);
+    let out = y.dims()[1];
+    y.reshape([b, s, out])
+}
+
+/// A row-parallel layer on the `[batch * seq, d]` view (as [`linear_2d`]).
+fn row_2d<B, G>(layer: &RowParallel<B>, x: Tensor<B, 3>, tp: &TensorParallel<G>) -> Tensor<B, 3>
+where
+    B: AutodiffBackend,
+    G: ProcessGroup<Inner<B>> + 'static,
+{
+    let [b, s, d] = x.dims();
+    let y = layer.forward(x.reshape([b * s, d]), tp);
+    let out = y.dims()[1];
+    y.reshape([b, s, out])
+}
