@@ -44,7 +44,7 @@ fn tensor_parallel(
     model: Transformer<B>,
     tokens: Tensor<B, 2, Int>,
     tp: usize,
-) -> Vec<(Vec<f32>, TpTransformer<B>)> {
+) -> Vec<(Vec<f32>, TpTransformer<B>, u64)> {
     launch::<Flex, _, _, _>(
         local_devices::<Flex>(tp).unwrap(),
         LaunchConfig::default(),
@@ -62,7 +62,7 @@ fn tensor_parallel(
                 tp.check()?;
                 model = optim.step(LR, model, grads);
             }
-            Ok::<_, ParallelError>((first.unwrap(), model))
+            Ok::<_, ParallelError>((first.unwrap(), model, tp.values_sent()))
         },
     )
     .unwrap()
@@ -114,12 +114,12 @@ fn the_demo_transformer_at_tp_2_and_4_trains_as_on_one_device() {
     let expected = weights_of(trained);
     for tp in [2, 4] {
         let ranks = tensor_parallel(model.clone(), tokens.clone(), tp);
-        for (rank_logits, _) in &ranks {
+        for (rank_logits, _, _) in &ranks {
             let error = relative(rank_logits, &logits);
             assert!(error < 1e-6, "tp {tp}: the logits differ by {error:e}");
         }
         let b0 = |f: fn(&TpTransformer<B>) -> Tensor<B, 2>| {
-            ranks.iter().map(|(_, m)| f(m)).collect::<Vec<_>>()
+            ranks.iter().map(|(_, m, _)| f(m)).collect::<Vec<_>>()
         };
         let actual: Weights = [
             values(whole_qkv(b0(|m| weight(&m.blocks[0].qkv.linear)))),
@@ -143,7 +143,14 @@ fn the_demo_transformer_at_tp_2_and_4_trains_as_on_one_device() {
         let row_weights = 2 * (d * d + 4 * d * d); // proj and fc2
         let row_biases = 2 * (d + d);
         let replicated = model.num_params() - column - row_weights - row_biases;
-        for (rank, (_, part)) in ranks.iter().enumerate() {
+        // Traffic: per block, two all-reduces of the [batch * seq, d] activations forward (the
+        // attention's and the MLP's outputs) and two backward (their inputs' gradients).
+        let per_step = 2 * 4 * (2 * 6 * d) as u64;
+        assert!(
+            ranks.iter().all(|r| r.2 == STEPS as u64 * per_step),
+            "tp {tp}"
+        );
+        for (rank, (_, part, _)) in ranks.iter().enumerate() {
             let biases = if rank == 0 { row_biases } else { 0 };
             let expected = replicated + (column + row_weights) / tp + biases;
             assert_eq!(part.num_params(), expected, "tp {tp}, rank {rank}");
