@@ -44,6 +44,7 @@ pub mod launched;
 mod local;
 #[cfg(all(feature = "mpi", feature = "testing"))]
 mod loopback;
+mod mesh;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod optimizer_state;
@@ -76,6 +77,7 @@ pub use launched::{Launched, RestartPolicy};
 pub use local::LocalGroup;
 #[cfg(all(feature = "mpi", feature = "testing"))]
 pub use loopback::{LoopbackRun, run_on_loopback};
+pub use mesh::{MeshGroups, SubGroup, mesh_groups};
 #[cfg(feature = "mpi")]
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use optimizer_state::average_optimizer_state;

@@ -3,7 +3,9 @@
 //! parameters (1e-6 relative, 32-bit), with one all-reduce forward and one backward per step.
 
 use afterburner_parallel::tp::{ColumnParallel, HeadParallel, RowParallel, TensorParallel};
-use afterburner_parallel::{LaunchConfig, ParallelError, launch, local_devices};
+use afterburner_parallel::{
+    Ddp, LaunchConfig, ParallelError, ProcessGroup, launch, local_devices, mesh_groups,
+};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::nn::attention::{MhaInput, MultiHeadAttention, MultiHeadAttentionConfig};
@@ -297,4 +299,108 @@ fn attention_with_its_heads_split_over_2_and_4_ranks_trains_as_on_one_device() {
             );
         }
     }
+}
+
+#[test]
+fn dp_2_by_tp_2_trains_as_on_one_device() {
+    let device = Default::default();
+    <Flex as Backend>::seed(&Default::default(), 13);
+    let mlp = Mlp {
+        up: LinearConfig::new(8, 16).init::<B>(&device),
+        down: LinearConfig::new(16, 8).init::<B>(&device),
+    };
+    let _ = (mlp.up.weight.val(), mlp.down.weight.val());
+    let _ = (
+        mlp.up.bias.as_ref().map(|b| b.val()),
+        mlp.down.bias.as_ref().map(|b| b.val()),
+    );
+    // 8 rows: each data-parallel rank takes 4 (its tensor-parallel pair the same 4).
+    let x = Tensor::<B, 2>::random([8, 8], Distribution::Normal(0.0, 1.0), &device);
+    let (_, expected) = one_device(mlp.clone(), x.clone());
+    let ranks = launch::<Flex, _, _, _>(
+        local_devices::<Flex>(4).unwrap(),
+        LaunchConfig::default(),
+        move |group| {
+            let (dp_group, tp_group) = mesh_groups(group, 2, Default::default())?;
+            let dp_rank = dp_group.rank();
+            let tp = TensorParallel::new(tp_group);
+            let mut ddp = Ddp::<B, _>::new(dp_group);
+            let mut model = TpMlp {
+                up: tp.column(mlp.up.clone())?,
+                down: tp.row(mlp.down.clone())?,
+            };
+            let mine = x.clone().slice([dp_rank * 4..dp_rank * 4 + 4, 0..8]);
+            let mut optim = AdamWConfig::new().init();
+            for _ in 0..STEPS {
+                let y = model
+                    .down
+                    .forward(gelu(model.up.forward(mine.clone(), &tp)), &tp);
+                let mut grads = GradientsParams::from_grads(loss(y).backward(), &model);
+                tp.check()?;
+                ddp.sync_gradients(&model, &mut grads)?;
+                model = optim.step(LR, model, grads);
+            }
+            Ok::<_, ParallelError>([model.up.linear.weight.val(), model.down.linear.weight.val()])
+        },
+    )
+    .unwrap();
+    // Ranks 0 and 1 form data-parallel row 0; row 1 (ranks 2, 3) holds the same shards.
+    for (a, b) in ranks[..2].iter().zip(&ranks[2..]) {
+        assert_eq!(values(a[0].clone()), values(b[0].clone()));
+        assert_eq!(values(a[1].clone()), values(b[1].clone()));
+    }
+    let up = values(Tensor::cat(
+        vec![ranks[0][0].clone(), ranks[1][0].clone()],
+        1,
+    ));
+    let down = values(Tensor::cat(
+        vec![ranks[0][1].clone(), ranks[1][1].clone()],
+        0,
+    ));
+    let (up_error, down_error) = (relative(&up, &expected[0]), relative(&down, &expected[2]));
+    assert!(up_error < 1e-6, "up differs by {up_error:e}");
+    assert!(down_error < 1e-6, "down differs by {down_error:e}");
+}
+
+#[test]
+fn a_mesh_gives_each_rank_its_row_and_column() {
+    let got = launch::<Flex, _, _, _>(
+        local_devices::<Flex>(6).unwrap(),
+        LaunchConfig::default(),
+        |group| {
+            let rank = group.rank() as f32;
+            let device = Default::default();
+            let (dp, tp) = mesh_groups(group, 3, Default::default())?;
+            let me = Tensor::<Flex, 1>::from_floats([rank], &device);
+            let row: Vec<f32> = tp
+                .all_gather(me.clone())?
+                .into_iter()
+                .map(|t| t.into_scalar())
+                .collect();
+            let root = (dp.rank() == 1).then(|| me.clone());
+            let from_second_row = dp.broadcast(root, 1)?.into_scalar();
+            let column_sum = dp
+                .all_reduce(me, afterburner_parallel::ReduceOp::Sum)?
+                .into_scalar();
+            Ok::<_, ParallelError>((row, from_second_row, column_sum))
+        },
+    )
+    .unwrap();
+    // 6 ranks as 2 x 3: rows [0, 1, 2] and [3, 4, 5], columns [0, 3], [1, 4], [2, 5].
+    for (rank, (row, second, sum)) in got.into_iter().enumerate() {
+        let start = (rank / 3 * 3) as f32;
+        assert_eq!(row, [start, start + 1.0, start + 2.0], "rank {rank}");
+        assert_eq!(second, (3 + rank % 3) as f32, "rank {rank}");
+        assert_eq!(sum, (2 * (rank % 3) + 3) as f32, "rank {rank}");
+    }
+    let error = launch::<Flex, _, _, _>(
+        local_devices::<Flex>(4).unwrap(),
+        LaunchConfig::default(),
+        |group| Ok::<_, ParallelError>(mesh_groups(group, 3, Default::default()).err()),
+    )
+    .unwrap()[0]
+        .clone()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("tp_size = 3"), "{error}");
 }
