@@ -14,7 +14,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Shape, Tensor, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Shape, Tensor, TensorMetadata, TensorPrimitive};
 
 use crate::ProcessGroup;
 use crate::fsdp::gather::{Exchange, downcast};
@@ -49,7 +49,10 @@ where
 {
     let shape = x.shape();
     let flat: Tensor<Inner<B>, 1> = x.clone().inner().reshape([shape.num_elements()]);
-    let value = exchange.all_reduce_sum(flat).reshape(shape);
+    // Summed and kept in f32: a half input's partial products are not rounded twice.
+    let value = exchange
+        .all_reduce_sum(flat.cast(DType::F32))
+        .reshape(shape);
     attach(x, value, exchange, false)
 }
 
@@ -65,6 +68,7 @@ where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
 {
+    let input_dtype = x.dtype();
     let Some(node) = downcast::<_, Tracked<Inner<B>>>(x.into_primitive().tensor()) else {
         // Not Burn's autodiff: no graph to attach to (TensorParallel::new refuses it).
         return Tensor::from_inner(value);
@@ -72,6 +76,7 @@ where
     let state = TpState {
         exchange: exchange.clone(),
         reduce,
+        input_dtype,
     };
     let value = value.into_primitive().tensor();
     let out = match TpNode::<G>(PhantomData)
@@ -99,6 +104,8 @@ struct TpState<G> {
     exchange: Exchange<G>,
     /// Sum the gradient over the ranks (`copy_to_ranks`), or pass it on (`sum_over_ranks`).
     reduce: bool,
+    /// The input's dtype, the gradient's on the way back (`sum_over_ranks` outputs f32).
+    input_dtype: DType,
 }
 
 impl<G> Clone for TpState<G> {
@@ -106,6 +113,7 @@ impl<G> Clone for TpState<G> {
         Self {
             exchange: self.exchange.clone(),
             reduce: self.reduce,
+            input_dtype: self.input_dtype,
         }
     }
 }
@@ -126,7 +134,7 @@ impl<I: Backend, G: ProcessGroup<I> + 'static> Backward<I, 1> for TpNode<G> {
         let [parent] = ops.parents;
         let Some(parent) = parent else { return };
         let grad = match ops.state.reduce {
-            false => grad,
+            false => I::float_cast(grad, ops.state.input_dtype.into()),
             true => {
                 let shape = grad.shape();
                 let flat = I::float_reshape(grad, Shape::new([shape.num_elements()]));
