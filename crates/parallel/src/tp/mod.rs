@@ -66,6 +66,17 @@ pub struct TensorParallel<G> {
     size: usize,
 }
 
+impl<G> Clone for TensorParallel<G> {
+    /// Another handle on the same group (what a checkpointed block's recompute keeps).
+    fn clone(&self) -> Self {
+        Self {
+            exchange: self.exchange.clone(),
+            rank: self.rank,
+            size: self.size,
+        }
+    }
+}
+
 impl<G> TensorParallel<G> {
     /// Tensor parallelism over `group` (its ranks are the `tp` ranks that share each layer).
     pub fn new<I: Backend>(group: G) -> Self
