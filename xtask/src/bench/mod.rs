@@ -17,6 +17,8 @@
 //! - `launch` (`--suite launch`): `afterburner launch` running the ViT example under DiLoCo on
 //!   3 replica processes, without faults and with a random replica SIGKILLed every second
 //!   (useful steps per second side by side).
+//! - `tp` (`--suite tp`): tensor parallelism next to FSDP on the demo transformer (values sent
+//!   per step, parameters per rank, time per step).
 //! - `torch` (`--torch`): the checkpoint suite's models next to their PyTorch twins (step time,
 //!   peak heap, ratios), when PyTorch is installed.
 //! - `presets` (`--preset vit-b16|gpt2-small|all`): the talk's models under each precision,
@@ -43,6 +45,7 @@ mod precision;
 pub mod presets;
 mod progress;
 mod torch;
+mod tp;
 #[cfg(feature = "flex")]
 pub mod traffic;
 
@@ -105,6 +108,8 @@ const AUTOCAST_DEFAULTS: Defaults = (4, 2, 32, 2);
 /// Fusion suite: (steps, warmup, batch size, rounds); small, for a software Vulkan driver,
 /// with 3 warm-up steps (fused kernels compile during the first ones: 1 was not enough).
 const FUSION_DEFAULTS: Defaults = (6, 3, 4, 1);
+/// Tensor-parallel suite: (optimizer steps, unused, unused, unused).
+const TP_DEFAULTS: Defaults = (5, 0, 0, 1);
 /// Launch suite: (optimizer steps, unused, batch size per replica, runs of each scenario).
 const LAUNCH_DEFAULTS: Defaults = (600, 0, 16, 3);
 /// Presets: (steps, warmup, unused: each preset has its batch sizes, unused).
@@ -120,6 +125,7 @@ fn quick_defaults(suite: Suite) -> Defaults {
         Suite::Data => (1, 1, 64, 1),
         Suite::LocalSgd | Suite::Faults => (20, 0, 32, 1),
         Suite::Launch => (60, 0, 16, 1),
+        Suite::Tp => (1, 0, 0, 1),
         Suite::Presets => PRESETS_DEFAULTS,
         Suite::Torch => (1, 1, 32, 1),
         Suite::Linear => (1, 1, 32, 1),
@@ -128,7 +134,7 @@ fn quick_defaults(suite: Suite) -> Defaults {
     }
 }
 
-pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|faults|launch|fusion|all] \
+pub const USAGE: &str = "usage: cargo xtask bench [--suite precision|checkpoint|linear|autocast|ddp|data|localsgd|faults|launch|tp|fusion|all] \
 [--backend flex|cuda|wgpu|tch] [--steps N] [--warmup N] [--batch-size N] [--rounds N] [--out DIR] \
 [--models transformer|vit|burn-lm|all (checkpoint, linear, autocast, torch)] [--preset vit-b16|gpt2-small|all] [--quick (a few steps per suite)] [--torch (next to PyTorch)]";
 
@@ -212,12 +218,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "localsgd" => &[Suite::LocalSgd],
         "faults" => &[Suite::Faults],
         "launch" => &[Suite::Launch],
+        "tp" => &[Suite::Tp],
         "presets" => &[Suite::Presets],
         "fusion" => &[Suite::Fusion],
         "torch" => &[Suite::Torch],
         other => {
             return Err(format!(
-                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, faults, launch, fusion, \
+                "unknown suite '{other}'; valid: precision, checkpoint, linear, autocast, ddp, data, localsgd, faults, launch, tp, fusion, \
                  presets, torch, all (all but presets and torch, which --preset and --torch \
                  select)"
             ));
@@ -233,6 +240,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             Suite::LocalSgd => LOCALSGD_DEFAULTS,
             Suite::Faults => FAULTS_DEFAULTS,
             Suite::Launch => LAUNCH_DEFAULTS,
+            Suite::Tp => TP_DEFAULTS,
             Suite::Presets => PRESETS_DEFAULTS,
             Suite::Torch => TORCH_DEFAULTS,
             Suite::Linear => LINEAR_DEFAULTS,
@@ -255,6 +263,8 @@ enum Suite {
     Faults,
     /// `afterburner launch` under DiLoCo, with and without a replica killed every second.
     Launch,
+    /// Tensor parallelism next to FSDP: bytes per step, parameters per rank.
+    Tp,
     Presets,
     Torch,
     Linear,
@@ -269,6 +279,9 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
     }
     if let Suite::Launch = suite {
         return launch::bench(o);
+    }
+    if let Suite::Tp = suite {
+        return tp::bench(o);
     }
     macro_rules! go {
         ($inner:ty) => {
@@ -285,6 +298,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
                 Suite::Autocast => autocast::bench::<$inner>(o),
                 Suite::Fusion => fusion_on_backend(o),
                 Suite::Launch => launch::bench(o),
+                Suite::Tp => tp::bench(o),
             }
         };
     }

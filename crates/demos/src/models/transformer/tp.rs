@@ -53,17 +53,22 @@ impl<B: AutodiffBackend> Transformer<B> {
     /// must split the same model (build it once, run it or load a record, then clone it).
     /// `n_heads` must split evenly over the ranks.
     pub fn parallelize<G>(self, tp: &TensorParallel<G>) -> Result<TpTransformer<B>, ParallelError> {
-        let blocks = self
+        // Fresh autodiff leaves for this rank: ranks on threads that kept the clones' shared
+        // leaves would share one autodiff graph, and so its lock, across a collective (a
+        // rank's backward waiting for one still registering its forward: a deadlock).
+        let device = self.head.weight.val().device();
+        let this = self.fork(&device);
+        let blocks = this
             .blocks
             .into_iter()
             .map(|block| block.block.parallelize(tp))
             .collect::<Result<_, _>>()?;
         Ok(TpTransformer {
-            tokens: self.tokens,
-            positions: self.positions,
+            tokens: this.tokens,
+            positions: this.positions,
             blocks,
-            norm: self.norm,
-            head: self.head,
+            norm: this.norm,
+            head: this.head,
         })
     }
 }
