@@ -2,6 +2,7 @@
 //! logits, and parameters after 5 AdamW steps, equal to one device within 1e-6 relative at
 //! 32-bit; each rank keeps 1 / tp of the split layers.
 
+use afterburner::checkpoint::{CheckpointPolicy, enable, with_policy};
 use afterburner::parallel::tp::TensorParallel;
 use afterburner::parallel::{LaunchConfig, ParallelError, launch, local_devices};
 use afterburner_demos::models::{TpTransformer, Transformer, TransformerConfig};
@@ -44,10 +45,13 @@ fn tensor_parallel(
     model: Transformer<B>,
     tokens: Tensor<B, 2, Int>,
     tp: usize,
+    policy: CheckpointPolicy,
 ) -> Vec<(Vec<f32>, TpTransformer<B>, u64)> {
     launch::<Flex, _, _, _>(
         local_devices::<Flex>(tp).unwrap(),
-        LaunchConfig::default(),
+        LaunchConfig {
+            timeout: std::time::Duration::from_secs(20),
+        },
         move |group| {
             let tp = TensorParallel::new(group);
             let (mut model, mut optim, mut first) = (
@@ -56,7 +60,7 @@ fn tensor_parallel(
                 None,
             );
             for _ in 0..STEPS {
-                let logits = model.forward(tokens.clone(), &tp);
+                let logits = with_policy(policy, || model.forward(tokens.clone(), &tp));
                 first.get_or_insert_with(|| values(logits.clone()));
                 let grads = GradientsParams::from_grads(loss(logits).backward(), &model);
                 tp.check()?;
@@ -113,7 +117,7 @@ fn the_demo_transformer_at_tp_2_and_4_trains_as_on_one_device() {
     // model's fields are private).
     let expected = weights_of(trained);
     for tp in [2, 4] {
-        let ranks = tensor_parallel(model.clone(), tokens.clone(), tp);
+        let ranks = tensor_parallel(model.clone(), tokens.clone(), tp, CheckpointPolicy::None);
         for (rank_logits, _, _) in &ranks {
             let error = relative(rank_logits, &logits);
             assert!(error < 1e-6, "tp {tp}: the logits differ by {error:e}");
@@ -122,10 +126,19 @@ fn the_demo_transformer_at_tp_2_and_4_trains_as_on_one_device() {
             ranks.iter().map(|(_, m, _)| f(m)).collect::<Vec<_>>()
         };
         let actual: Weights = [
-            values(whole_qkv(b0(|m| weight(&m.blocks[0].qkv.linear)))),
-            values(Tensor::cat(b0(|m| weight(&m.blocks[0].proj.linear)), 0)),
-            values(Tensor::cat(b0(|m| weight(&m.blocks[0].fc1.linear)), 1)),
-            values(Tensor::cat(b0(|m| weight(&m.blocks[0].fc2.linear)), 0)),
+            values(whole_qkv(b0(|m| weight(&m.blocks[0].block.qkv.linear)))),
+            values(Tensor::cat(
+                b0(|m| weight(&m.blocks[0].block.proj.linear)),
+                0,
+            )),
+            values(Tensor::cat(
+                b0(|m| weight(&m.blocks[0].block.fc1.linear)),
+                1,
+            )),
+            values(Tensor::cat(
+                b0(|m| weight(&m.blocks[0].block.fc2.linear)),
+                0,
+            )),
             values(weight(&ranks[1].1.head)),
         ];
         let names = ["qkv", "proj", "fc1", "fc2", "head"];
@@ -170,7 +183,7 @@ fn weights_of(trained: Transformer<B>) -> Weights {
     )
     .unwrap();
     let m = &parts[0];
-    let b = &m.blocks[0];
+    let b = &m.blocks[0].block;
     [
         values(weight(&b.qkv.linear)),
         values(weight(&b.proj.linear)),
@@ -178,4 +191,32 @@ fn weights_of(trained: Transformer<B>) -> Weights {
         values(weight(&b.fc2.linear)),
         values(weight(&m.head)),
     ]
+}
+
+#[test]
+fn checkpointed_tp_blocks_train_bitwise_as_kept_ones() {
+    enable::<B>();
+    let device = Default::default();
+    <Flex as Backend>::seed(&Default::default(), 9);
+    let config = TransformerConfig::new()
+        .with_vocab_size(11)
+        .with_d_model(16)
+        .with_n_heads(4)
+        .with_n_layers(2)
+        .with_max_seq_len(8);
+    let model = config.init::<B>(&device);
+    let tokens = Tensor::<B, 2>::random([2, 6], Distribution::Uniform(0.0, 11.0), &device).int();
+    let _ = model.forward(tokens.clone());
+    let kept = tensor_parallel(model.clone(), tokens.clone(), 2, CheckpointPolicy::None);
+    let recomputed = tensor_parallel(model, tokens, 2, CheckpointPolicy::All);
+    for ((_, a, sent_kept), (_, b, sent_recomputed)) in kept.iter().zip(&recomputed) {
+        let (a, b) = (&a.blocks[0].block, &b.blocks[0].block);
+        assert_eq!(values(weight(&a.fc1.linear)), values(weight(&b.fc1.linear)));
+        assert_eq!(values(weight(&a.qkv.linear)), values(weight(&b.qkv.linear)));
+        // The recompute ran each block's forward all-reduces again.
+        assert!(
+            sent_recomputed > sent_kept,
+            "{sent_recomputed} vs {sent_kept}"
+        );
+    }
 }

@@ -51,8 +51,8 @@ fn one_device(model: Transformer<B>, tokens: Tensor<B, 2, Int>, half: DType) -> 
 /// Block 0's fc1 or fc2 weight.
 fn fc(model: &TpTransformer<B>, which: usize) -> Tensor<B, 2> {
     match which {
-        1 => model.blocks[0].fc1.linear.weight.val(),
-        _ => model.blocks[0].fc2.linear.weight.val(),
+        1 => model.blocks[0].block.fc1.linear.weight.val(),
+        _ => model.blocks[0].block.fc2.linear.weight.val(),
     }
 }
 

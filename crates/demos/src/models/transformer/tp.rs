@@ -39,10 +39,8 @@ pub struct TpTransformerBlock<B: Backend> {
 pub struct TpTransformer<B: Backend> {
     tokens: Embedding<B>,
     positions: Embedding<B>,
-    /// The blocks, each split. Not wrapped in `Checkpointed`: a recompute of a block would
-    /// run its collectives again on the checkpoint engine's helper thread, which hung in a
-    /// test (the parts inside a block, norms, softmax and GELU, still follow the policy).
-    pub blocks: Vec<TpTransformerBlock<B>>,
+    /// The blocks, each split, checkpointed as the plain model's.
+    pub blocks: Vec<Checkpointed<B, TpTransformerBlock<B>>>,
     norm: LayerNorm<B>,
     /// The language-model head, whole on every rank.
     pub head: Linear<B>,
@@ -61,8 +59,8 @@ impl<B: AutodiffBackend> Transformer<B> {
         let blocks = this
             .blocks
             .into_iter()
-            .map(|block| block.block.parallelize(tp))
-            .collect::<Result<_, _>>()?;
+            .map(|block| Ok(Checkpointed::new(block.block.parallelize(tp)?)))
+            .collect::<Result<_, ParallelError>>()?;
         Ok(TpTransformer {
             tokens: this.tokens,
             positions: this.positions,
@@ -150,7 +148,12 @@ impl<B: AutodiffBackend> TpTransformer<B> {
             .reshape([1, s])
             .repeat_dim(0, b);
         let x = self.tokens.forward(tokens) + self.positions.forward(positions);
-        let x = self.blocks.iter().fold(x, |x, block| block.forward(x, tp));
+        let x = self.blocks.iter().fold(x, |x, block| {
+            let tp = tp.clone();
+            block.forward(x, move |block: &TpTransformerBlock<B>, x| {
+                block.forward(x, &tp)
+            })
+        });
         linear_2d(&self.head, self.norm.forward(x))
     }
 }
