@@ -100,23 +100,31 @@ impl<B: Backend> TransformerBlock<B> {
     }
 
     fn attention(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [b, s, d] = x.dims();
-        let (heads, hd) = (self.n_heads, d / self.n_heads);
-        let split = |t: Tensor<B, 3>| t.reshape([b, s, heads, hd]).swap_dims(1, 2);
-        let qkv = linear_2d(&self.qkv, x).chunk(3, 2);
-        let [q, k, v] = [0, 1, 2].map(|i| split(qkv[i].clone()));
-        let scores = q.matmul(k.swap_dims(2, 3));
-        let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device());
-        let scale = (hd as f64).sqrt().recip();
-        let probs = checkpoint(BlockKind::Cheap, scores, move |scores: Tensor<B, 4>| {
-            let masked = scores
-                .mul_scalar(scale)
-                .mask_fill(mask.clone().unsqueeze::<4>(), f32::NEG_INFINITY);
-            softmax(masked, 3)
-        });
-        let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, d]);
+        let context = causal_attention(linear_2d(&self.qkv, x), self.n_heads);
         linear_2d(&self.proj, context)
     }
+}
+
+/// Causal self-attention of `heads` heads from a fused projection `qkv` (`[batch, seq, 3 w]`:
+/// queries, keys and values side by side) to the context `[batch, seq, w]`, the softmax a
+/// [`BlockKind::Cheap`] part.
+fn causal_attention<B: Backend>(qkv: Tensor<B, 3>, heads: usize) -> Tensor<B, 3> {
+    let [b, s, three_w] = qkv.dims();
+    let w = three_w / 3;
+    let hd = w / heads;
+    let split = |t: Tensor<B, 3>| t.reshape([b, s, heads, hd]).swap_dims(1, 2);
+    let qkv = qkv.chunk(3, 2);
+    let [q, k, v] = [0, 1, 2].map(|i| split(qkv[i].clone()));
+    let scores = q.matmul(k.swap_dims(2, 3));
+    let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device());
+    let scale = (hd as f64).sqrt().recip();
+    let probs = checkpoint(BlockKind::Cheap, scores, move |scores: Tensor<B, 4>| {
+        let masked = scores
+            .mul_scalar(scale)
+            .mask_fill(mask.clone().unsqueeze::<4>(), f32::NEG_INFINITY);
+        softmax(masked, 3)
+    });
+    probs.matmul(v).swap_dims(1, 2).reshape([b, s, w])
 }
 
 /// `linear` applied to the `[batch * seq, d]` view of `x`: the same values as
@@ -124,8 +132,16 @@ impl<B: Backend> TransformerBlock<B> {
 /// small matmuls and a sum (and a `[batch, d_in, d_out]` temporary), where the 2-D view makes
 /// it one large matmul (docs/performance.md, "The Linear weight gradient").
 fn linear_2d<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    on_2d(x, |x| linear.forward(x))
+}
+
+/// `layer` applied to the `[batch * seq, d]` view of `x`, back to `[batch, seq, d_out]`.
+fn on_2d<B: Backend>(
+    x: Tensor<B, 3>,
+    layer: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> Tensor<B, 3> {
     let [b, s, d] = x.dims();
-    let y = linear.forward(x.reshape([b * s, d]));
+    let y = layer(x.reshape([b * s, d]));
     let out = y.dims()[1];
     y.reshape([b, s, out])
 }

@@ -9,11 +9,11 @@ use afterburner::parallel::tp::{ColumnParallel, RowParallel, TensorParallel};
 use afterburner::parallel::{ParallelError, ProcessGroup};
 use burn::module::Module;
 use burn::nn::{Embedding, LayerNorm, Linear};
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::gelu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 
-use super::{Transformer, TransformerBlock, linear_2d};
+use super::{Transformer, TransformerBlock, causal_attention, linear_2d, on_2d};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -117,22 +117,7 @@ impl<B: AutodiffBackend> TpTransformerBlock<B> {
     where
         G: ProcessGroup<Inner<B>> + 'static,
     {
-        let [b, s, d] = x.dims();
-        let local = d / tp.size();
-        let (heads, hd) = (self.n_heads, local / self.n_heads);
-        let split = |t: Tensor<B, 3>| t.reshape([b, s, heads, hd]).swap_dims(1, 2);
-        let qkv = column_2d(&self.qkv, x, tp).chunk(3, 2);
-        let [q, k, v] = [0, 1, 2].map(|i| split(qkv[i].clone()));
-        let scores = q.matmul(k.swap_dims(2, 3));
-        let mask = Tensor::<B, 2, burn::tensor::Bool>::tril_mask([s, s], 0, &scores.device());
-        let scale = (hd as f64).sqrt().recip();
-        let probs = checkpoint(BlockKind::Cheap, scores, move |scores: Tensor<B, 4>| {
-            let masked = scores
-                .mul_scalar(scale)
-                .mask_fill(mask.clone().unsqueeze::<4>(), f32::NEG_INFINITY);
-            softmax(masked, 3)
-        });
-        let context = probs.matmul(v).swap_dims(1, 2).reshape([b, s, local]);
+        let context = causal_attention(column_2d(&self.qkv, x, tp), self.n_heads);
         row_2d(&self.proj, context, tp)
     }
 }
@@ -168,10 +153,7 @@ where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
 {
-    let [b, s, d] = x.dims();
-    let y = layer.forward(x.reshape([b * s, d]), tp);
-    let out = y.dims()[1];
-    y.reshape([b, s, out])
+    on_2d(x, |x| layer.forward(x, tp))
 }
 
 /// A row-parallel layer on the `[batch * seq, d]` view (as [`linear_2d`]).
@@ -180,8 +162,5 @@ where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
 {
-    let [b, s, d] = x.dims();
-    let y = layer.forward(x.reshape([b * s, d]), tp);
-    let out = y.dims()[1];
-    y.reshape([b, s, out])
+    on_2d(x, |x| layer.forward(x, tp))
 }
