@@ -2,16 +2,18 @@
 //! logits, and parameters after 5 AdamW steps, equal to one device within 1e-6 relative at
 //! 32-bit; each rank keeps 1 / tp of the split layers.
 
+mod common;
+
 use afterburner::checkpoint::{CheckpointPolicy, enable, with_policy};
 use afterburner::parallel::tp::TensorParallel;
 use afterburner::parallel::{LaunchConfig, ParallelError, launch, local_devices};
-use afterburner_demos::models::{TpTransformer, Transformer, TransformerConfig};
+use afterburner_demos::models::{TpTransformer, Transformer};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Distribution, Int, Tensor};
+use burn::tensor::{Int, Tensor};
+use common::small_transformer;
 
 type B = Autodiff<Flex>;
 const STEPS: usize = 5;
@@ -100,18 +102,7 @@ fn weight(linear: &Linear<B>) -> Tensor<B, 2> {
 
 #[test]
 fn the_demo_transformer_at_tp_2_and_4_trains_as_on_one_device() {
-    let device = Default::default();
-    <Flex as Backend>::seed(&Default::default(), 5);
-    let config = TransformerConfig::new()
-        .with_vocab_size(11)
-        .with_d_model(16)
-        .with_n_heads(4)
-        .with_n_layers(2)
-        .with_max_seq_len(8);
-    let model = config.init::<B>(&device);
-    let tokens = Tensor::<B, 2>::random([2, 6], Distribution::Uniform(0.0, 11.0), &device).int();
-    // One forward reads every lazily initialised parameter once, before the clones.
-    let _ = model.forward(tokens.clone());
+    let (model, tokens) = small_transformer::<B>(5);
     let (logits, trained) = one_device(model.clone(), tokens.clone());
     // The one-device weights, read through the plan at tp = 1 (the identity split: the plain
     // model's fields are private).
@@ -196,17 +187,7 @@ fn weights_of(trained: Transformer<B>) -> Weights {
 #[test]
 fn checkpointed_tp_blocks_train_bitwise_as_kept_ones() {
     enable::<B>();
-    let device = Default::default();
-    <Flex as Backend>::seed(&Default::default(), 9);
-    let config = TransformerConfig::new()
-        .with_vocab_size(11)
-        .with_d_model(16)
-        .with_n_heads(4)
-        .with_n_layers(2)
-        .with_max_seq_len(8);
-    let model = config.init::<B>(&device);
-    let tokens = Tensor::<B, 2>::random([2, 6], Distribution::Uniform(0.0, 11.0), &device).int();
-    let _ = model.forward(tokens.clone());
+    let (model, tokens) = small_transformer::<B>(9);
     let kept = tensor_parallel(model.clone(), tokens.clone(), 2, CheckpointPolicy::None);
     let recomputed = tensor_parallel(model, tokens, 2, CheckpointPolicy::All);
     for ((_, a, sent_kept), (_, b, sent_recomputed)) in kept.iter().zip(&recomputed) {

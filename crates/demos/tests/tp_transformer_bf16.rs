@@ -3,15 +3,17 @@
 //! than bf16-mixed's own difference from 32-true on one device, both measured here, for the
 //! first logits and the weights after 5 AdamW steps. The row-parallel sums are reduced in f32.
 
+mod common;
+
 use afterburner::parallel::tp::TensorParallel;
 use afterburner::parallel::{LaunchConfig, ParallelError, launch, local_devices};
 use afterburner::precision::{Autocast, autocast_ops, grads::to_param_dtypes};
-use afterburner_demos::models::{TpTransformer, Transformer, TransformerConfig};
+use afterburner_demos::models::{TpTransformer, Transformer};
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
-use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Distribution, Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
+use common::small_transformer;
 
 type I = Autocast<Flex>;
 type B = Autodiff<I>;
@@ -109,18 +111,7 @@ fn relative(actual: &[f32], expected: &[f32]) -> f32 {
 
 #[test]
 fn tp_at_bf16_mixed_differs_from_one_device_no_more_than_bf16_from_f32() {
-    let device = Default::default();
-    <I as Backend>::seed(&device, 5);
-    let config = TransformerConfig::new()
-        .with_vocab_size(11)
-        .with_d_model(16)
-        .with_n_heads(4)
-        .with_n_layers(2)
-        .with_max_seq_len(8);
-    let model = config.init::<B>(&device);
-    let tokens = Tensor::<B, 2>::random([2, 6], Distribution::Uniform(0.0, 11.0), &device).int();
-    // One forward reads every lazily initialised parameter once, before the clones.
-    let _ = model.forward(tokens.clone());
+    let (model, tokens) = small_transformer::<B>(5);
     let full = one_device(model.clone(), tokens.clone(), DType::F32);
     let half = one_device(model.clone(), tokens.clone(), DType::BF16);
     let own = [

@@ -45,7 +45,8 @@ pub fn launch(args: &LaunchArgs) -> Result<i32, LaunchError> {
 /// from the last checkpoint), with a fresh rendezvous, up to `--max-restarts` times.
 fn restart_all(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchError> {
     let mut address = args.rdzv.clone();
-    for restart in 0..=args.max_restarts {
+    let mut restart = 0;
+    loop {
         let server = serve(args, RestartPolicy::All, &address, restart > 0)?;
         if let Some(server) = &server {
             address = retarget(&address, server);
@@ -101,15 +102,15 @@ fn restart_all(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchError>
             });
         }
         drop(server);
+        restart += 1;
         eprintln!(
             "afterburner launch: restarting all {} worker(s) (restart {} of {}); they resume \
              from the last checkpoint",
             workers.len(),
-            restart + 1,
+            restart,
             args.max_restarts
         );
     }
-    unreachable!("the last attempt returns")
 }
 
 /// The `replica` policy: the lighthouse runs for the whole launch; a dead worker alone is

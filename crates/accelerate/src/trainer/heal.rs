@@ -46,14 +46,12 @@ impl<T: TrainerTypes> Trainer<T> {
         }
         let batches = self.train.num_batches();
         self.acc.continue_data_after(step, batches);
-        let per_cycle = self.args.gradient_accumulation_steps.max(1) as u64;
-        let steps_per_epoch = (batches as u64).div_ceil(per_cycle).max(1);
+        // The Accelerator placed the data; the Trainer's counters follow from that position.
         let (epoch, next_batch) = self.acc.data_position();
         self.state.global_step = step;
         self.state.rejoined_at_steps.push(step);
         self.state.epoch = epoch as f64 + next_batch as f64 / batches.max(1) as f64;
-        self.state.batches_total = (step / steps_per_epoch) * batches as u64
-            + ((step % steps_per_epoch) * per_cycle).min(batches as u64);
+        self.state.batches_total = (epoch * batches + next_batch) as u64;
         for _ in 0..step {
             self.schedule.step();
         }

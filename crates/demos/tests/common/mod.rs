@@ -1,0 +1,23 @@
+//! What the tensor-parallel tests of the demo transformer share.
+
+use afterburner_demos::models::{Transformer, TransformerConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Int, Tensor};
+
+/// A 2-block transformer (d 16, 4 heads, 11 tokens) seeded with `seed`, and a batch of 2 x 6
+/// tokens. One forward has read every lazily initialised parameter, so clones of the model
+/// (one per rank) hold the same values.
+pub fn small_transformer<B: Backend>(seed: u64) -> (Transformer<B>, Tensor<B, 2, Int>) {
+    let device = Default::default();
+    B::seed(&device, seed);
+    let model = TransformerConfig::new()
+        .with_vocab_size(11)
+        .with_d_model(16)
+        .with_n_heads(4)
+        .with_n_layers(2)
+        .with_max_seq_len(8)
+        .init::<B>(&device);
+    let tokens = Tensor::<B, 2>::random([2, 6], Distribution::Uniform(0.0, 11.0), &device).int();
+    let _ = model.forward(tokens.clone());
+    (model, tokens)
+}
