@@ -309,7 +309,7 @@ fn a_strategy_from_another_crate_trains_through_run_with_like_the_built_in_ddp()
     };
     let built = ddp_config.clone();
     let ddp = two_ranks(ddp_config, move |group| {
-        afterburner::AnyStrategy::<B>::from_config(&built, group)
+        afterburner::AnyStrategy::<B>::from_config(&built, group, &Default::default())
     });
     // 20 items per rank, batch 4: 5 steps, every one seen by the strategy.
     assert_eq!(mine[0].1, 5);

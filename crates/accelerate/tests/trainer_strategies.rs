@@ -258,7 +258,7 @@ fn a_registered_strategy_is_chosen_by_the_trainers_command_line() {
     let model = vit(5);
     let results = Accelerator::run_with(
         config.clone(),
-        move |group| AnyStrategy::<B, Counting>::from_config(&config, group),
+        move |group| AnyStrategy::<B, Counting>::from_config(&config, group, &Default::default()),
         move |acc| {
             let (train, eval) = data();
             let mut t = Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER)?;

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use afterburner_checkpoint::{CheckpointError, CheckpointPolicy};
+use afterburner_parallel::tp::TensorParallelPlan;
 use afterburner_parallel::{ParallelStrategy, Traffic};
 use afterburner_precision::grads::{self, GradSummary};
 use afterburner_precision::{Precision, PrecisionPlugin};
@@ -93,7 +94,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         config.validate()?;
         let traffic = Traffic::default();
         let group = group.map(|g| counted::<B>(g, &traffic));
-        let strategy = AnyStrategy::from_config(&config, group)?;
+        let strategy = AnyStrategy::from_config(&config, group, &device)?;
         Accelerator::assemble(config, device, strategy, traffic)
     }
 }
@@ -205,6 +206,14 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         Ok((self.setup_model(model)?, optimizer))
     }
 
+    /// `model` split by its tensor-parallel plan for this rank under `tp_size > 1` (PyTorch's
+    /// `parallelize_module`, Accelerate's `tp_size`); unchanged otherwise, so the same code
+    /// runs at any `tp_size`. Call it on every rank with the same model, before
+    /// [`setup`](Self::setup), which refuses an unsplit model under `tp_size > 1`.
+    pub fn parallelize<M: TensorParallelPlan<B>>(&self, model: M) -> Result<M, AccelerateError> {
+        Ok(self.strategy.parallelize(model.fork(&self.device))?)
+    }
+
     /// The model half of [`setup`](Self::setup).
     pub fn setup_model<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
         let model = self.precision.prepare_model(model.fork(&self.device))?;
@@ -237,7 +246,10 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             self.progress.clone(),
         )?
         .shuffle(self.config.seed)
-        .shard(self.rank(), self.world_size())
+        .shard(
+            self.strategy.data_parallel_rank(),
+            self.strategy.data_parallel_size(),
+        )
     }
 
     /// Back-propagates one micro-batch's loss and adds its gradients to the pending ones,

@@ -47,6 +47,13 @@ pub struct AcceleratorConfig {
     /// Lightning's `devices=N`: the first N devices of the backend's default kind; on the CPU
     /// the workers share it. Default 1. More than 1 needs a multi-device `strategy`.
     pub devices: usize,
+    /// Tensor parallelism (Accelerate's `ParallelismConfig.tp_size`): each layer of the
+    /// model's plan ([`TensorParallelPlan`](afterburner_parallel::tp::TensorParallelPlan))
+    /// split over this many devices, with `strategy = "ddp"` across the groups: `devices =
+    /// dp x tp_size`, the data sharded over the `dp` groups only. Call
+    /// [`Accelerator::parallelize`](crate::Accelerator::parallelize) before `setup`.
+    /// Default 1 (no split).
+    pub tp_size: usize,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
     /// What a step whose gradients hold inf or NaN does outside fp16 (whose loss scaler always
@@ -142,6 +149,7 @@ impl Default for AcceleratorConfig {
             gradient_checkpointing: CheckpointPolicy::None,
             strategy: StrategyConfig::SingleDevice,
             devices: 1,
+            tp_size: 1,
             collective_timeout_s: 300.0,
             nonfinite_gradients: NonFinitePolicy::Skip,
             project: ProjectConfig::default(),
@@ -154,6 +162,7 @@ impl AcceleratorConfig {
     /// Checks every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), AccelerateError> {
         self.validate_common()?;
+        self.validate_tp_size()?;
         if self.devices > 1 && !self.strategy.is_distributed() {
             return Err(AccelerateError::invalid(
                 "devices",
@@ -162,6 +171,33 @@ impl AcceleratorConfig {
             ));
         }
         self.strategy.validate()
+    }
+
+    /// `tp_size`: at least 1; above 1, a divisor of `devices` under `strategy = "ddp"`.
+    fn validate_tp_size(&self) -> Result<(), AccelerateError> {
+        match self.tp_size {
+            0 => Err(AccelerateError::invalid("tp_size", 0, "at least 1")),
+            1 => Ok(()),
+            tp if !self.devices.is_multiple_of(tp) => Err(AccelerateError::invalid(
+                "tp_size",
+                tp,
+                format!(
+                    "a divisor of devices ({}): devices = dp x tp_size",
+                    self.devices
+                ),
+            )),
+            tp if self.strategy != StrategyConfig::Ddp => Err(AccelerateError::invalid(
+                "tp_size",
+                tp,
+                format!(
+                    "1 under strategy {} (tensor parallelism runs with strategy \"ddp\" across \
+                     its groups; fsdp, zero-1, local-sgd and diloco with tp_size > 1 are not \
+                     supported yet)",
+                    self.strategy.name()
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Checks every field but the built-in strategies' (`strategy` and its tables), for an

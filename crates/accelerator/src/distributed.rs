@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::data::DataLoaderShard;
 use crate::group::{Group, counted};
-use crate::{AccelerateError, Accelerator, AcceleratorConfig, AnyStrategy};
+use crate::{AccelerateError, Accelerator, AcceleratorConfig};
 
 impl<B: AutodiffBackend> Accelerator<B> {
     /// One rank of a data-parallel run over `group` (any engine); [`launch`](Self::launch)
@@ -52,13 +52,16 @@ impl<B: AutodiffBackend> Accelerator<B> {
         F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
     {
         config.validate()?;
-        let built = config.clone();
-        Self::launch_with(
-            config,
+        let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
+        let results = afterburner_parallel::launch::<B::InnerBackend, _, AccelerateError, _>(
             devices,
-            move |group| AnyStrategy::from_config(&built, group),
-            worker,
-        )
+            LaunchConfig { timeout },
+            move |group| {
+                let device = group.device().clone();
+                worker(Self::build(config.clone(), device, Some(Box::new(group)))?)
+            },
+        )?;
+        Ok(results)
     }
 
     /// Runs `worker` as this process's rank of an MPI job (`mpirun` starts one process per
@@ -347,14 +350,22 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     }
 
     /// The summary of the whole model's gradients from this rank's (the strategy sums the
-    /// squared norms when ranks hold different parts).
-    pub(crate) fn summary_over_ranks(
+    /// squared norms when ranks hold different parts; with `norm`, it may count them per
+    /// parameter, as tensor parallelism does).
+    pub(crate) fn summary_over_ranks<M: AutodiffModule<B>>(
         &self,
+        model: &M,
         summary: GradSummary,
+        norm: bool,
     ) -> Result<GradSummary, AccelerateError> {
-        let squared_norm = self
-            .strategy
-            .global_squared_norm(summary.squared_norm, &self.device)?;
+        let local = summary.squared_norm;
+        let squared_norm = match (norm, self.pending.as_ref()) {
+            (true, Some(grads)) => {
+                self.strategy
+                    .model_squared_norm(model, grads, local, &self.device)?
+            }
+            _ => self.strategy.global_squared_norm(local, &self.device)?,
+        };
         Ok(GradSummary {
             squared_norm,
             tensors: summary.tensors,

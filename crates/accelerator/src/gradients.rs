@@ -27,7 +27,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         let Some(summary) = self.precision.unscale(model, grads, short_cycle, want_norm) else {
             return Ok(None);
         };
-        let summary = self.summary_over_ranks(summary)?;
+        let summary = self.summary_over_ranks(model, summary, want_norm)?;
         self.unscaled = Some(summary);
         Ok(Some(summary))
     }

@@ -89,6 +89,11 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> TrainLoss<B, TokenBatch<B>, S> 
         Ok((mean.mul_scalar((b * t) as f64), b * t))
     }
 
+    /// Its plan (models/transformer/tp.rs).
+    fn parallelize(self, acc: &Accelerator<B, S>) -> Result<Self, AccelerateError> {
+        acc.parallelize(self)
+    }
+
     /// Every input byte is a token.
     fn batch_tokens(&self, batch: &TokenBatch<B>) -> Option<usize> {
         let [b, t] = batch.inputs.dims();

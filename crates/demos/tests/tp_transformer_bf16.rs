@@ -5,10 +5,10 @@
 
 mod common;
 
-use afterburner::parallel::tp::TensorParallel;
+use afterburner::parallel::tp::{TensorParallel, TensorParallelPlan};
 use afterburner::parallel::{LaunchConfig, ParallelError, launch, local_devices};
 use afterburner::precision::{Autocast, autocast_ops, grads::to_param_dtypes};
-use afterburner_demos::models::{TpTransformer, Transformer};
+use afterburner_demos::models::Transformer;
 use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
@@ -45,28 +45,16 @@ fn one_device(model: Transformer<B>, tokens: Tensor<B, 2, Int>, half: DType) -> 
             let grads = gradients(logits, &model);
             model = optim.step(LR, model, grads);
         }
-        let tp = launch_one(model);
-        (first.unwrap(), values(fc(&tp, 1)), values(fc(&tp, 2)))
+        (first.unwrap(), values(fc(&model, 1)), values(fc(&model, 2)))
     })
 }
 
 /// Block 0's fc1 or fc2 weight.
-fn fc(model: &TpTransformer<B>, which: usize) -> Tensor<B, 2> {
+fn fc(model: &Transformer<B>, which: usize) -> Tensor<B, 2> {
     match which {
         1 => model.blocks[0].block.fc1.linear.weight.val(),
         _ => model.blocks[0].block.fc2.linear.weight.val(),
     }
-}
-
-/// `model` through the plan at tp = 1 (the identity split; its fields are private).
-fn launch_one(model: Transformer<B>) -> TpTransformer<B> {
-    launch::<I, _, _, _>(
-        local_devices::<I>(1).unwrap(),
-        LaunchConfig::default(),
-        move |group| model.clone().parallelize(&TensorParallel::new(group)),
-    )
-    .unwrap()
-    .remove(0)
 }
 
 /// `tp` ranks, every op in bf16.
@@ -83,20 +71,20 @@ fn tensor_parallel(model: Transformer<B>, tokens: Tensor<B, 2, Int>, tp: usize) 
                     None,
                 );
                 for _ in 0..STEPS {
-                    let logits = model.forward(tokens.clone(), &tp);
+                    let logits = model.forward(tokens.clone());
                     first.get_or_insert_with(|| values(logits.clone()));
                     let grads = gradients(logits, &model);
                     tp.check()?;
                     model = optim.step(LR, model, grads);
                 }
-                Ok::<_, ParallelError>((first.unwrap(), fc(&model, 1), fc(&model, 2)))
+                let whole = tp.full_model(&model)?;
+                Ok::<_, ParallelError>((first.unwrap(), fc(&whole, 1), fc(&whole, 2)))
             })
         },
     )
     .unwrap();
-    let fc1 = Tensor::cat(ranks.iter().map(|r| r.1.clone()).collect(), 1);
-    let fc2 = Tensor::cat(ranks.iter().map(|r| r.2.clone()).collect(), 0);
-    (ranks[0].0.clone(), values(fc1), values(fc2))
+    let (logits, fc1, fc2) = ranks[0].clone();
+    (logits, values(fc1), values(fc2))
 }
 
 /// The norm of the difference relative to the norm of `expected` (AdamW's sign-like updates

@@ -68,7 +68,16 @@ pub fn mesh_groups<B: Backend, G: ProcessGroup<B>>(
     tp: usize,
     device: B::Device,
 ) -> Result<MeshGroups<B, G>, ParallelError> {
-    let (rank, world) = (group.rank(), group.world_size());
+    mesh_of(SharedGroup::new(group), tp, device)
+}
+
+/// [`mesh_groups`] over a group already shared (the caller keeps a handle on the whole).
+pub(crate) fn mesh_of<B: Backend, G: ProcessGroup<B>>(
+    shared: SharedGroup<G>,
+    tp: usize,
+    device: B::Device,
+) -> Result<MeshGroups<B, G>, ParallelError> {
+    let (rank, world) = shared.with(|g| (g.rank(), g.world_size()));
     if tp == 0 || !world.is_multiple_of(tp) {
         return Err(ParallelError::InvalidConfig {
             field: "tp_size",
@@ -77,7 +86,6 @@ pub fn mesh_groups<B: Backend, G: ProcessGroup<B>>(
         });
     }
     let (row, column) = (rank / tp, rank % tp);
-    let shared = SharedGroup::new(group);
     let dp_members = (0..world / tp).map(|r| r * tp + column).collect();
     let tp_members = (0..tp).map(|c| row * tp + c).collect();
     Ok((

@@ -26,6 +26,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::tp::TensorParallelPlan;
 use crate::{ParallelError, ProcessGroup, StateSaving};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -62,6 +63,25 @@ pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
     /// The number of ranks (1 on a single device).
     fn world_size(&self) -> usize {
         self.group().map_or(1, |g| g.world_size())
+    }
+
+    /// This rank's place among the ranks that split the data: what a training loader shards
+    /// by (the world rank, but under tensor parallelism the data-parallel one: the ranks of a
+    /// tensor-parallel group see the same batches).
+    fn data_parallel_rank(&self) -> usize {
+        self.rank()
+    }
+
+    /// The number of data shards (the world size, but the data-parallel size under tensor
+    /// parallelism).
+    fn data_parallel_size(&self) -> usize {
+        self.world_size()
+    }
+
+    /// `model` split by its tensor-parallel plan for this rank, before
+    /// [`setup`](Self::setup); unchanged (the default) where the strategy splits no layer.
+    fn parallelize<M: TensorParallelPlan<B>>(&self, model: M) -> Result<M, ParallelError> {
+        Ok(model)
     }
 
     /// Puts a model (on this rank's device, every parameter initialised) into the form this
@@ -126,6 +146,21 @@ pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
     fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
         let _ = device;
         Ok(local)
+    }
+
+    /// The squared L2 norm of the whole model's gradients from this rank's `grads` of
+    /// `model`, whose squared norm is `local`: [`global_squared_norm`](Self::global_squared_norm)
+    /// (the default) unless a rank holds parts of some parameters and copies of others
+    /// (tensor parallelism counts the copies once).
+    fn model_squared_norm<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &GradientsParams,
+        local: f64,
+        device: &B::Device,
+    ) -> Result<f64, ParallelError> {
+        let _ = (model, grads);
+        self.global_squared_norm(local, device)
     }
 
     /// Just before the optimizer steps, after clipping: e.g. drop the gradients of the

@@ -2,7 +2,7 @@
 //! gives the one-device output and gradients, and after 5 AdamW steps the one-device
 //! parameters (1e-6 relative, 32-bit), with one all-reduce forward and one backward per step.
 
-use afterburner_parallel::tp::{ColumnParallel, HeadParallel, RowParallel, TensorParallel};
+use afterburner_parallel::tp::{HeadParallel, TensorParallel, TpLinear};
 use afterburner_parallel::{
     Ddp, LaunchConfig, ParallelError, ProcessGroup, launch, local_devices, mesh_groups,
 };
@@ -27,8 +27,8 @@ struct Mlp<B: Backend> {
 
 #[derive(Module, Debug)]
 struct TpMlp<B: Backend> {
-    up: ColumnParallel<B>,
-    down: RowParallel<B>,
+    up: TpLinear<B>,
+    down: TpLinear<B>,
 }
 
 fn loss(y: Tensor<B, 2>) -> Tensor<B, 1> {
@@ -70,7 +70,7 @@ struct Rank {
     up_w: Tensor<B, 2>,
     up_b: Tensor<B, 1>,
     down_w: Tensor<B, 2>,
-    down_b: Option<Tensor<B, 1>>,
+    down_b: Tensor<B, 1>,
     all_reduces: u64,
 }
 
@@ -87,8 +87,8 @@ fn tensor_parallel(mlp: Mlp<B>, x: Tensor<B, 2>, tp: usize) -> Vec<Rank> {
             let mut optim = AdamWConfig::new().init();
             let mut output = None;
             for _ in 0..STEPS {
-                let h = gelu(model.up.forward(x.clone(), &tp));
-                let y = model.down.forward(h, &tp);
+                let h = gelu(model.up.forward(x.clone()));
+                let y = model.down.forward(h);
                 output.get_or_insert_with(|| values(y.clone()));
                 let grads = GradientsParams::from_grads(loss(y).backward(), &model);
                 tp.check()?;
@@ -99,7 +99,7 @@ fn tensor_parallel(mlp: Mlp<B>, x: Tensor<B, 2>, tp: usize) -> Vec<Rank> {
                 up_w: model.up.linear.weight.val(),
                 up_b: model.up.linear.bias.unwrap().val(),
                 down_w: model.down.linear.weight.val(),
-                down_b: model.down.linear.bias.map(|b| b.val()),
+                down_b: model.down.linear.bias.unwrap().val(),
                 all_reduces: tp.all_reduces(),
             })
         },
@@ -156,8 +156,13 @@ fn an_mlp_split_over_2_and_4_ranks_trains_as_on_one_device() {
             ranks.iter().map(|r| r.up_b.clone()).collect(),
             0,
         ));
-        let down_b = values(ranks[0].down_b.clone().expect("the bias on rank 0"));
-        assert!(ranks[1..].iter().all(|r| r.down_b.is_none()));
+        // The row layer's bias is whole on every rank, and the same.
+        let down_b = values(ranks[0].down_b.clone());
+        assert!(
+            ranks[1..]
+                .iter()
+                .all(|r| values(r.down_b.clone()) == down_b)
+        );
         let actual = [
             cat(|r| r.up_w.clone(), 1),
             up_b,
@@ -332,9 +337,7 @@ fn dp_2_by_tp_2_trains_as_on_one_device() {
             let mine = x.clone().slice([dp_rank * 4..dp_rank * 4 + 4, 0..8]);
             let mut optim = AdamWConfig::new().init();
             for _ in 0..STEPS {
-                let y = model
-                    .down
-                    .forward(gelu(model.up.forward(mine.clone(), &tp)), &tp);
+                let y = model.down.forward(gelu(model.up.forward(mine.clone())));
                 let mut grads = GradientsParams::from_grads(loss(y).backward(), &model);
                 tp.check()?;
                 ddp.sync_gradients(&model, &mut grads)?;

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use afterburner::parallel::tp::TensorParallel;
+use afterburner::parallel::tp::{TensorParallel, TensorParallelPlan};
 use afterburner::parallel::{LaunchConfig, ParallelError, launch, local_devices};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::models::{Transformer, TransformerConfig};
@@ -102,7 +102,7 @@ fn tensor_parallel(
                 if step == 1 {
                     (started, first_sent) = (Instant::now(), tp.values_sent());
                 }
-                let logits = model.forward(tokens.clone(), &tp);
+                let logits = model.forward(tokens.clone());
                 let grads = GradientsParams::from_grads(loss(logits).backward(), &model);
                 tp.check()?;
                 model = optim.step(LR, model, grads);

@@ -134,6 +134,10 @@ pub struct TrainingArguments {
     pub strategy: StrategyConfig,
     /// Devices (worker threads) to train on. Default 1.
     pub devices: usize,
+    /// Tensor parallelism (Accelerate's `tp_size`): each layer of the model's plan split
+    /// over this many devices, `strategy = "ddp"` across the groups (`devices = dp x
+    /// tp_size`). Default 1.
+    pub tp_size: usize,
     /// Graceful stop (afterburner's): on SIGTERM or SIGINT the Trainer finishes its optimizer
     /// step, saves a checkpoint and returns `Stopped` (a non-zero exit for a program that
     /// returns the error); resume with `resume_from_checkpoint = "latest"`. Default false.
@@ -194,6 +198,7 @@ impl Default for TrainingArguments {
             logging_dir: None,
             strategy: StrategyConfig::SingleDevice,
             devices: 1,
+            tp_size: 1,
             stop_on_signal: false,
             resume_from_checkpoint: None,
             early_stopping_patience: None,
@@ -290,6 +295,7 @@ impl TrainingArguments {
             seed: self.seed,
             gradient_checkpointing: self.gradient_checkpointing,
             strategy: self.strategy.clone(),
+            tp_size: self.tp_size,
             stop_on_signal: self.stop_on_signal,
             ..base
         }
@@ -328,6 +334,7 @@ impl TrainingArguments {
                 self.gradient_accumulation_steps,
             ),
             ("devices", self.devices),
+            ("tp_size", self.tp_size),
         ] {
             if value == 0 {
                 return bad(key, &value, "at least 1");

@@ -112,6 +112,18 @@ pub trait TrainLoss<B: AutodiffBackend, Batch, S: ParallelStrategy<B> = AnyStrat
         ))
     }
 
+    /// Under `tp_size > 1`: this rank's part of the model, split by its tensor-parallel plan
+    /// (a model with a [`TensorParallelPlan`](crate::parallel::tp::TensorParallelPlan)
+    /// returns `acc.parallelize(self)`). The default is an error naming the setting.
+    fn parallelize(self, _acc: &Accelerator<B, S>) -> Result<Self, AccelerateError> {
+        Err(AccelerateError::argument(
+            "tp_size",
+            "> 1",
+            "a model with a tensor-parallel plan (implement TensorParallelPlan and \
+             TrainLoss::parallelize as `acc.parallelize(self)`)",
+        ))
+    }
+
     /// The tokens in a training batch, when it has any (a language model's `batch * seq`):
     /// the Trainer then logs `tokens_per_second`. The default: `None`.
     fn batch_tokens(&self, _batch: &Batch) -> Option<usize> {
@@ -250,6 +262,12 @@ where
         // A fault-tolerant replica (Local SGD, DiLoCo over a quorum) is set up by `join` in
         // `train`, with the optimizer it trains with: a restarted one is healed then.
         let join_pending = acc.is_fault_tolerant();
+        // Under tensor parallelism (the ranks of a group share their data), the model's plan
+        // splits it first.
+        let model = match acc.strategy().data_parallel_size() != acc.world_size() {
+            true => model.parallelize(&acc)?,
+            false => model,
+        };
         let model = match join_pending {
             true => model,
             false => acc.setup_model(model)?,

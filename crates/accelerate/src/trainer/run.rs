@@ -63,8 +63,8 @@ impl<T: TrainerTypes> Trainer<T> {
         self.meter.restart();
         let batches = self.train.num_batches();
         let (start_epoch, start_batch) = self.acc.data_position();
-        let items_per_batch =
-            (self.args.per_device_train_batch_size * self.acc.world_size()) as u64;
+        let items_per_batch = (self.args.per_device_train_batch_size
+            * self.acc.strategy().data_parallel_size()) as u64;
         let first_batch = self.state.batches_total;
         let per_item = self.args.loss_normalization == LossNormalization::PerItem;
         let mut cycle_items = 0usize;

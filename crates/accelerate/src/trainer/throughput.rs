@@ -14,6 +14,7 @@
 
 use super::{Metrics, Trainer, TrainerTypes};
 use crate::AccelerateError;
+use crate::parallel::ParallelStrategy;
 use crate::throughput::{device_memory, peak_flops, peak_memory_bytes};
 
 impl<T: TrainerTypes> Trainer<T> {
@@ -43,9 +44,11 @@ impl<T: TrainerTypes> Trainer<T> {
         local.extend(memory);
         let summed = self.sum_across_ranks(local)?;
         let ranks = world as f64;
-        values.insert("samples_per_second", summed[0]);
+        // The ranks of a tensor-parallel group train on the same samples: count them once.
+        let shards = self.acc.strategy().data_parallel_size() as f64 / ranks;
+        values.insert("samples_per_second", summed[0] * shards);
         if rates.tokens_per_second.is_some() {
-            values.insert("tokens_per_second", summed[1]);
+            values.insert("tokens_per_second", summed[1] * shards);
         }
         if rates.flops_per_second.is_some() {
             values.insert("tflops", summed[2] / ranks / 1e12);

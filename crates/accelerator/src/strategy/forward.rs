@@ -12,6 +12,7 @@ macro_rules! forward_impl {
             ForwardView, OptimizerRecord, ParallelError, ParallelStrategy, ParamPositions,
             ProcessGroup, StateLayout, StateSaving, StrategyState,
         };
+        use afterburner_parallel::tp::TensorParallelPlan;
         use burn::module::{AutodiffModule, Module};
         use burn::optim::{GradientsParams, Optimizer};
         use burn::tensor::DType;
@@ -36,6 +37,18 @@ macro_rules! forward_impl {
 
             fn world_size(&self) -> usize {
                 dispatch!(self, s => ParallelStrategy::<B>::world_size(s))
+            }
+
+            fn data_parallel_rank(&self) -> usize {
+                dispatch!(self, s => ParallelStrategy::<B>::data_parallel_rank(s))
+            }
+
+            fn data_parallel_size(&self) -> usize {
+                dispatch!(self, s => ParallelStrategy::<B>::data_parallel_size(s))
+            }
+
+            fn parallelize<M: TensorParallelPlan<B>>(&self, model: M) -> Result<M, ParallelError> {
+                dispatch!(self, s => ParallelStrategy::<B>::parallelize(s, model))
             }
 
             fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
@@ -76,6 +89,16 @@ macro_rules! forward_impl {
 
             fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
                 dispatch!(self, s => ParallelStrategy::<B>::global_squared_norm(s, local, device))
+            }
+
+            fn model_squared_norm<M: AutodiffModule<B>>(
+                &self,
+                model: &M,
+                grads: &GradientsParams,
+                local: f64,
+                device: &B::Device,
+            ) -> Result<f64, ParallelError> {
+                dispatch!(self, s => s.model_squared_norm(model, grads, local, device))
             }
 
             fn before_optimizer_step<M: AutodiffModule<B>>(

@@ -50,6 +50,9 @@ macro_rules! built_in_strategies {
             )+
             /// The user's strategy `U`.
             User(U),
+            /// `tp_size > 1`: the model's plan split over each tensor-parallel group, DDP
+            /// across them ([`TensorParallelMesh`](afterburner_parallel::tp::TensorParallelMesh)).
+            TensorParallel(afterburner_parallel::tp::TensorParallelMesh<B, crate::group::Group<B>>),
         }
 
         impl StrategyConfig {
@@ -85,6 +88,7 @@ macro_rules! forward_every_phase {
                 match $self_ {
                     $(AnyStrategy::$variant($s_) => $call_,)+
                     AnyStrategy::User($s_) => $call_,
+                    AnyStrategy::TensorParallel($s_) => $call_,
                 }
             };
         }

@@ -13,6 +13,7 @@ mod config;
 mod named;
 
 use afterburner_localsgd::{DiLoCo, LocalSgd};
+use afterburner_parallel::tp::TensorParallelMesh;
 use afterburner_parallel::{Fsdp, OptimizerSharding, SharedGroup, SingleDevice};
 use burn::tensor::backend::AutodiffBackend;
 
@@ -35,14 +36,26 @@ pub(crate) struct BuiltIn {
 }
 
 impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
-    /// The strategy `config` asks for, over `group` (`None` on a single device): what
-    /// [`Accelerator::run`](crate::Accelerator::run) builds for each rank. A registered
-    /// strategy's name builds `U`.
+    /// The strategy `config` asks for, over `group` (`None` on a single device) on this
+    /// rank's `device`: what [`Accelerator::run`](crate::Accelerator::run) builds for each
+    /// rank. A registered strategy's name builds `U`; `tp_size > 1` a
+    /// [`TensorParallelMesh`] (DDP across the tensor-parallel groups).
     pub fn from_config(
         config: &AcceleratorConfig,
         group: Option<Group<B>>,
+        device: &B::Device,
     ) -> Result<Self, AccelerateError> {
         config.strategy.validate()?;
+        if config.tp_size > 1 {
+            let group = group.ok_or_else(|| {
+                AccelerateError::invalid("tp_size", config.tp_size, "1 on a single device")
+            })?;
+            return Ok(Self::TensorParallel(TensorParallelMesh::new(
+                group,
+                config.tp_size,
+                device.clone(),
+            )?));
+        }
         match (group, &config.strategy) {
             (None, StrategyConfig::Registered(registered)) => {
                 Ok(Self::User(named::build_user::<B, U>(registered, None)?))
@@ -80,6 +93,14 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
     pub fn diloco(&self) -> Option<&DiLoCo<B, SharedGroup<Group<B>>>> {
         match self {
             Self::DiLoCo(diloco) => Some(diloco),
+            _ => None,
+        }
+    }
+
+    /// The mesh under `tp_size > 1` (its tensor-parallel handle: collectives, values sent).
+    pub fn tensor_parallel(&self) -> Option<&TensorParallelMesh<B, Group<B>>> {
+        match self {
+            Self::TensorParallel(mesh) => Some(mesh),
             _ => None,
         }
     }

@@ -6,7 +6,5 @@
 mod transformer;
 mod vit;
 
-pub use transformer::{
-    TpTransformer, TpTransformerBlock, Transformer, TransformerBlock, TransformerConfig,
-};
+pub use transformer::{Transformer, TransformerBlock, TransformerConfig};
 pub use vit::{Vit, VitConfig};

@@ -5,9 +5,8 @@
 
 mod tp;
 
-pub use tp::{TpTransformer, TpTransformerBlock};
-
 use afterburner::checkpoint::{BlockKind, Checkpointed, checkpoint};
+use afterburner::parallel::tp::TpLinear;
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
@@ -37,15 +36,21 @@ pub struct TransformerConfig {
 }
 
 /// One pre-norm block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`, with causal
-/// self-attention and a 4x GELU MLP.
+/// self-attention and a 4x GELU MLP. Its four Linears are [`TpLinear`]s: whole until the
+/// tensor-parallel plan (tp.rs) splits them.
 #[derive(Module, Debug)]
 pub struct TransformerBlock<B: Backend> {
     norm1: Checkpointed<B, LayerNorm<B>>,
-    qkv: Linear<B>,
-    proj: Linear<B>,
+    /// The fused query, key and value projection `[d, 3 d]`.
+    pub qkv: TpLinear<B>,
+    /// The attention's output projection `[d, d]`.
+    pub proj: TpLinear<B>,
     norm2: Checkpointed<B, LayerNorm<B>>,
-    fc1: Linear<B>,
-    fc2: Linear<B>,
+    /// The MLP's first Linear `[d, 4 d]`.
+    pub fc1: TpLinear<B>,
+    /// The MLP's second Linear `[4 d, d]`.
+    pub fc2: TpLinear<B>,
+    /// Heads (of the whole layer: a split one runs its share).
     n_heads: usize,
 }
 
@@ -55,9 +60,11 @@ pub struct TransformerBlock<B: Backend> {
 pub struct Transformer<B: Backend> {
     tokens: Embedding<B>,
     positions: Embedding<B>,
-    blocks: Vec<Checkpointed<B, TransformerBlock<B>>>,
+    /// The blocks, each a [`Checkpointed`] block.
+    pub blocks: Vec<Checkpointed<B, TransformerBlock<B>>>,
     norm: LayerNorm<B>,
-    head: Linear<B>,
+    /// The language-model head `[d, vocab]`.
+    pub head: Linear<B>,
 }
 
 impl TransformerConfig {
@@ -66,11 +73,11 @@ impl TransformerConfig {
         let d = self.d_model;
         let block = || TransformerBlock {
             norm1: Checkpointed::cheap(LayerNormConfig::new(d).init(device)),
-            qkv: LinearConfig::new(d, 3 * d).init(device),
-            proj: LinearConfig::new(d, d).init(device),
+            qkv: LinearConfig::new(d, 3 * d).init(device).into(),
+            proj: LinearConfig::new(d, d).init(device).into(),
             norm2: Checkpointed::cheap(LayerNormConfig::new(d).init(device)),
-            fc1: LinearConfig::new(d, 4 * d).init(device),
-            fc2: LinearConfig::new(4 * d, d).init(device),
+            fc1: LinearConfig::new(d, 4 * d).init(device).into(),
+            fc2: LinearConfig::new(4 * d, d).init(device).into(),
             n_heads: self.n_heads,
         };
         Transformer {
@@ -95,13 +102,17 @@ impl<B: Backend> TransformerBlock<B> {
         let h = self
             .norm2
             .forward(x.clone(), |n: &LayerNorm<B>, x| n.forward(x));
-        let h = checkpoint(BlockKind::Cheap, linear_2d(&self.fc1, h), gelu);
-        x + linear_2d(&self.fc2, h)
+        let h = checkpoint(BlockKind::Cheap, on_2d(h, |h| self.fc1.forward(h)), gelu);
+        x + on_2d(h, |h| self.fc2.forward(h))
     }
 
     fn attention(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let context = causal_attention(linear_2d(&self.qkv, x), self.n_heads);
-        linear_2d(&self.proj, context)
+        let d = x.dims()[2];
+        let qkv = on_2d(x, |x| self.qkv.forward(x));
+        // This rank's heads: all of them, or its share when the plan split the projection.
+        let heads = self.n_heads * qkv.dims()[2] / (3 * d);
+        let context = causal_attention(qkv, heads);
+        on_2d(context, |c| self.proj.forward(c))
     }
 }
 

@@ -13,7 +13,8 @@ use super::{Inner, TensorParallel};
 use crate::{ParallelError, ProcessGroup};
 
 /// Burn's `MultiHeadAttention` holding this rank's heads: `query`, `key`, `value`
-/// `[d_model, d_model / tp]`, `output` `[d_model / tp, d_model]` (its bias on rank 0),
+/// `[d_model, d_model / tp]`, `output` `[d_model / tp, d_model]` (its bias whole, added
+/// once after the sum),
 /// `n_heads / tp` heads of the same `d_k`. Made by [`TensorParallel::heads`].
 #[derive(Module, Debug)]
 pub struct HeadParallel<B: Backend> {
@@ -27,7 +28,10 @@ impl<G> TensorParallel<G> {
     pub fn heads<B: AutodiffBackend>(
         &self,
         attention: MultiHeadAttention<B>,
-    ) -> Result<HeadParallel<B>, ParallelError> {
+    ) -> Result<HeadParallel<B>, ParallelError>
+    where
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
         if !attention.n_heads.is_multiple_of(self.size()) {
             return Err(ParallelError::InvalidConfig {
                 field: "tp_size",
@@ -83,7 +87,7 @@ impl<B: AutodiffBackend> HeadParallel<B> {
         // One copy of the input for the three projections: one all-reduce of its gradient.
         let x = tp.copy_to_ranks(x);
         let local = self.local(x.clone(), x.clone(), x, mask_pad, mask_attn);
-        tp.sum_over_ranks(local)
+        self.output_bias(tp.sum_over_ranks(local))
     }
 
     /// Attention of `query` over `key` and `value` (each whole on every rank), as Burn's
@@ -106,11 +110,19 @@ impl<B: AutodiffBackend> HeadParallel<B> {
             tp.copy_to_ranks(value),
         );
         let local = self.local(query, key, value, mask_pad, mask_attn);
-        tp.sum_over_ranks(local)
+        self.output_bias(tp.sum_over_ranks(local))
+    }
+
+    /// The summed output projection plus its bias (whole on every rank, added once).
+    fn output_bias(&self, sum: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.attention.output.bias {
+            Some(bias) => sum.clone() + bias.val().cast(sum.dtype()).unsqueeze::<3>(),
+            None => sum,
+        }
     }
 
     /// This rank's heads, Burn's formulas (scaled dot product, masks, softmax, dropout) on
-    /// them, and its partial output projection.
+    /// them, and its partial output projection (without the bias).
     fn local(
         &self,
         query: Tensor<B, 3>,
@@ -151,6 +163,6 @@ impl<B: AutodiffBackend> HeadParallel<B> {
             .matmul(v)
             .swap_dims(1, 2)
             .reshape([batch, seq, a.n_heads * a.d_k]);
-        a.output.forward(context)
+        burn::tensor::module::linear(context, a.output.weight.val(), None)
     }
 }

@@ -1,14 +1,16 @@
 //! Tensor parallelism: a layer's weights split across the ranks of a group (Megatron's split),
 //! over Burn's own `Linear`.
 //!
-//! - [`ColumnParallel`]: `y = x W + b` with `W`'s output columns (and `b`) split; each rank
-//!   computes its slice of `y` from all of `x`. Its input goes through
-//!   [`TensorParallel::copy_to_ranks`] (identity forward, gradient summed over the ranks).
+//! - [`TpLinear`]: Burn's `Linear`, split by a plan in place (the model keeps its type):
+//!   column-parallel (`W`'s output columns and `b` split; each rank computes its slice of `y`
+//!   from all of `x`, whose gradient is summed over the ranks backward) or row-parallel (`W`'s
+//!   input rows split; the partial products summed over the ranks in f32, identity backward,
+//!   the bias whole and added once).
+//! - [`TensorParallelPlan`]: a model's plan (which layers are column, row, heads), as
+//!   PyTorch's `parallelize_module`; [`TensorParallelMesh`] the strategy that trains such a
+//!   model on a `dp x tp` mesh (DDP across the tensor-parallel groups).
 //! - [`HeadParallel`]: Burn's `MultiHeadAttention` with its heads split (query, key, value
 //!   column-parallel, the output projection row-parallel).
-//! - [`RowParallel`]: `W`'s input rows split; each rank multiplies its slice of `x` and the
-//!   partial products are summed over the ranks ([`TensorParallel::sum_over_ranks`], in f32;
-//!   identity backward); the bias lives on rank 0 only, so it is added once.
 //!
 //! A column-parallel layer followed by a row-parallel one (an MLP, attention's projections)
 //! costs one all-reduce forward and one backward (none when the input is data, which needs no
@@ -32,7 +34,7 @@
 //! let outputs = launch::<Flex, _, _, _>(local_devices::<Flex>(2)?, LaunchConfig::default(), move |group| {
 //!     let tp = TensorParallel::new(group);
 //!     let (up, down) = (tp.column(up.clone())?, tp.row(down.clone())?);
-//!     let y = down.forward(gelu(up.forward(x.clone(), &tp)), &tp);
+//!     let y = down.forward(gelu(up.forward(x.clone())));
 //!     Ok::<_, afterburner_parallel::ParallelError>(y.into_data())
 //! })?;
 //! assert_eq!(outputs[0], outputs[1]); // every rank holds the whole output
@@ -40,18 +42,28 @@
 //! ```
 
 mod attention;
+mod linear;
+mod mesh;
 mod ops;
+mod plan;
+mod split;
 
 pub use attention::HeadParallel;
+pub use linear::{SplitKind, TpLinear};
+pub use mesh::TensorParallelMesh;
+pub use plan::TensorParallelPlan;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use burn::module::{Module, Param};
+use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+
+use split::ParamSplit;
 
 use crate::fsdp::gather::{Exchange, Stats, is_burn_autodiff};
 use crate::{ParallelError, ProcessGroup, SharedGroup};
@@ -64,6 +76,10 @@ pub struct TensorParallel<G> {
     exchange: Exchange<G>,
     rank: usize,
     size: usize,
+    /// The parameters this handle split (by id), for saving and the gradient norm.
+    splits: Arc<Mutex<HashMap<String, ParamSplit>>>,
+    /// The same by position in the model, once found.
+    positions: Arc<Mutex<Option<Vec<Option<ParamSplit>>>>>,
 }
 
 impl<G> Clone for TensorParallel<G> {
@@ -73,6 +89,8 @@ impl<G> Clone for TensorParallel<G> {
             exchange: self.exchange.clone(),
             rank: self.rank,
             size: self.size,
+            splits: self.splits.clone(),
+            positions: self.positions.clone(),
         }
     }
 }
@@ -92,6 +110,8 @@ impl<G> TensorParallel<G> {
             },
             rank,
             size,
+            splits: Arc::default(),
+            positions: Arc::default(),
         }
     }
 
@@ -142,98 +162,101 @@ impl<G> TensorParallel<G> {
         ops::sum_over_ranks(x, &self.exchange)
     }
 
-    /// This rank's column-parallel part of `linear`: its slice of the output columns of the
-    /// weight and of the bias. Every rank must split the same values: Burn initialises a
-    /// layer's parameters lazily and separately in each clone, so read them once (or load one
-    /// record) before the ranks clone the layer.
-    pub fn column<B: AutodiffBackend>(
-        &self,
-        linear: Linear<B>,
-    ) -> Result<ColumnParallel<B>, ParallelError> {
-        let [d_in, d_out] = self.splittable::<B>(&linear, 1)?;
-        let cols = self.slice_of(d_out);
-        let weight = leaf(linear.weight.val().slice([0..d_in, cols.clone()]));
-        let bias = linear.bias.map(|b| leaf(b.val().slice([cols])));
-        Ok(ColumnParallel {
-            linear: Linear { weight, bias },
-        })
+    /// This rank's column-parallel part of `linear` (see [`TpLinear`]): its slice of the
+    /// output columns of the weight and of the bias. Every rank must split the same values:
+    /// Burn initialises a layer's parameters lazily and separately in each clone, so read
+    /// them once (or load one record) before the ranks clone the layer.
+    pub fn column<B>(&self, linear: impl Into<TpLinear<B>>) -> Result<TpLinear<B>, ParallelError>
+    where
+        B: AutodiffBackend,
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        self.split(linear.into(), SplitKind::Column { chunks: 1 })
     }
 
     /// [`column`](Self::column) for a fused projection whose outputs are `chunks` blocks side
     /// by side (a `[d, 3 d]` query-key-value Linear: `chunks = 3`): this rank takes its slice
     /// of each block, so its output still splits into `chunks` blocks (its heads of each).
-    pub fn column_chunks<B: AutodiffBackend>(
+    pub fn column_chunks<B>(
         &self,
-        linear: Linear<B>,
+        linear: impl Into<TpLinear<B>>,
         chunks: usize,
-    ) -> Result<ColumnParallel<B>, ParallelError> {
-        let [d_in, d_out] = self.splittable::<B>(&linear, 1)?;
-        if chunks == 0 || !d_out.is_multiple_of(chunks * self.size) {
-            return Err(ParallelError::InvalidConfig {
-                field: "tp_size",
-                value: self.size.to_string(),
-                expected: format!(
-                    "a divisor of each of the {chunks} blocks of a Linear [{d_in}, {d_out}]"
-                ),
-            });
-        }
-        let width = d_out / chunks;
-        let ranges: Vec<_> = (0..chunks)
-            .map(|c| {
-                let mine = self.slice_of(width);
-                c * width + mine.start..c * width + mine.end
-            })
-            .collect();
-        let weight = linear.weight.val();
-        let weight = Tensor::cat(
-            ranges
-                .iter()
-                .map(|r| weight.clone().slice([0..d_in, r.clone()]))
-                .collect(),
-            1,
-        );
-        let bias = linear.bias.map(|b| {
-            let b = b.val();
-            leaf(Tensor::cat(
-                ranges
-                    .iter()
-                    .map(|r| b.clone().slice([r.clone()]))
-                    .collect(),
-                0,
-            ))
-        });
-        Ok(ColumnParallel {
-            linear: Linear {
-                weight: leaf(weight),
-                bias,
-            },
-        })
+    ) -> Result<TpLinear<B>, ParallelError>
+    where
+        B: AutodiffBackend,
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        self.split(linear.into(), SplitKind::Column { chunks })
     }
 
-    /// This rank's row-parallel part of `linear`: its slice of the weight's input rows, and
-    /// the bias on rank 0 only.
-    pub fn row<B: AutodiffBackend>(
-        &self,
-        linear: Linear<B>,
-    ) -> Result<RowParallel<B>, ParallelError> {
-        let [d_in, d_out] = self.splittable::<B>(&linear, 0)?;
-        let rows = self.slice_of(d_in);
-        let weight = leaf(linear.weight.val().slice([rows, 0..d_out]));
-        let bias = match self.rank {
-            0 => linear.bias.map(|b| leaf(b.val())),
-            _ => None,
+    /// This rank's row-parallel part of `linear` (see [`TpLinear`]): its slice of the
+    /// weight's input rows; the bias stays whole.
+    pub fn row<B>(&self, linear: impl Into<TpLinear<B>>) -> Result<TpLinear<B>, ParallelError>
+    where
+        B: AutodiffBackend,
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        self.split(linear.into(), SplitKind::Row)
+    }
+
+    /// `layer` (whole) split as `kind` for this rank, its split parameters remembered.
+    fn split<B>(&self, layer: TpLinear<B>, kind: SplitKind) -> Result<TpLinear<B>, ParallelError>
+    where
+        B: AutodiffBackend,
+        G: ProcessGroup<Inner<B>> + 'static,
+    {
+        let Linear { weight, bias } = layer.linear;
+        let (weight_split, bias_split) = match kind {
+            SplitKind::Column { chunks } => (
+                ParamSplit { dim: 1, chunks },
+                Some(ParamSplit { dim: 0, chunks }),
+            ),
+            SplitKind::Row => (ParamSplit { dim: 0, chunks: 1 }, None),
+            SplitKind::Whole => return Ok(TpLinear::from(Linear { weight, bias })),
         };
-        Ok(RowParallel {
-            linear: Linear { weight, bias },
-        })
+        let full = self.splittable::<B>(&weight.val(), weight_split)?;
+        let weight = self.part_of(weight, Some(weight_split));
+        let bias = bias.map(|b| self.part_of(b, bias_split));
+        let linear = Linear { weight, bias };
+        Ok(TpLinear::split(linear, kind, full, &self.exchange))
     }
 
-    /// `linear`'s weight shape, when its dimension `dim` splits evenly over the ranks and `B`
-    /// is Burn's autodiff (the collectives are its nodes).
+    /// This rank's part of `param` under `split` (all of it when `None`) as a fresh autodiff
+    /// leaf with the same id, remembered when split.
+    fn part_of<B: AutodiffBackend, const D: usize>(
+        &self,
+        param: Param<Tensor<B, D>>,
+        split: Option<ParamSplit>,
+    ) -> Param<Tensor<B, D>> {
+        let (id, value) = (param.id, param.val().inner());
+        let value = match split {
+            None => value,
+            Some(split) => {
+                self.register(id.serialize(), split);
+                let dims = value.dims();
+                let outer = dims[..split.dim].iter().product();
+                let inner = dims[split.dim + 1..].iter().product();
+                let part = split.part(
+                    value.reshape([outer, dims[split.dim], inner]),
+                    self.rank,
+                    self.size,
+                );
+                let mut out = dims;
+                out[split.dim] /= self.size;
+                part.reshape(out)
+            }
+        };
+        // A fresh leaf: ranks on threads that kept the clones' shared leaves would share one
+        // autodiff graph, and so its lock, across a collective (a deadlock).
+        Param::initialized(id, Tensor::from_inner(value).require_grad())
+    }
+
+    /// `weight`'s shape, when its dimension `split.dim` splits evenly into `split.chunks`
+    /// blocks over the ranks and `B` is Burn's autodiff (the collectives are its nodes).
     fn splittable<B: AutodiffBackend>(
         &self,
-        linear: &Linear<B>,
-        dim: usize,
+        weight: &Tensor<B, 2>,
+        split: ParamSplit,
     ) -> Result<[usize; 2], ParallelError> {
         if !is_burn_autodiff::<B>() {
             return Err(ParallelError::InvalidConfig {
@@ -243,73 +266,22 @@ impl<G> TensorParallel<G> {
                     .into(),
             });
         }
-        let dims = linear.weight.val().dims();
-        if !dims[dim].is_multiple_of(self.size) {
+        let dims = weight.dims();
+        let (len, chunks) = (dims[split.dim], split.chunks);
+        if chunks == 0 || !len.is_multiple_of(chunks * self.size) {
+            let blocks = match chunks {
+                1 => String::new(),
+                n => format!(" in {n} blocks"),
+            };
             return Err(ParallelError::InvalidConfig {
                 field: "tp_size",
                 value: self.size.to_string(),
                 expected: format!(
-                    "a divisor of the split dimension ({} of a Linear [{}, {}])",
-                    dims[dim], dims[0], dims[1]
+                    "a divisor of the split dimension{blocks} ({len} of a Linear [{}, {}])",
+                    dims[0], dims[1]
                 ),
             });
         }
         Ok(dims)
-    }
-
-    /// This rank's range of `len` split evenly.
-    fn slice_of(&self, len: usize) -> std::ops::Range<usize> {
-        let part = len / self.size;
-        self.rank * part..(self.rank + 1) * part
-    }
-}
-
-/// A fresh trainable parameter holding `value` (cut off from the layer it was sliced from).
-fn leaf<B: AutodiffBackend, const D: usize>(value: Tensor<B, D>) -> Param<Tensor<B, D>> {
-    Param::from_tensor(Tensor::from_inner(value.inner()))
-}
-
-/// A Linear whose output columns are split across the tensor-parallel ranks (see the module
-/// docs); its output is this rank's slice of the full output's last dimension.
-#[derive(Module, Debug)]
-pub struct ColumnParallel<B: Backend> {
-    /// This rank's part: weight `[d_in, d_out / tp]`, bias `[d_out / tp]`.
-    pub linear: Linear<B>,
-}
-
-impl<B: AutodiffBackend> ColumnParallel<B> {
-    /// This rank's slice of `input W + b` (the input whole, `[..., d_in]`).
-    pub fn forward<G, const D: usize>(
-        &self,
-        input: Tensor<B, D>,
-        tp: &TensorParallel<G>,
-    ) -> Tensor<B, D>
-    where
-        G: ProcessGroup<Inner<B>> + 'static,
-    {
-        self.linear.forward(tp.copy_to_ranks(input))
-    }
-}
-
-/// A Linear whose input rows are split across the tensor-parallel ranks (see the module
-/// docs); its output is the whole `input W + b`, on every rank.
-#[derive(Module, Debug)]
-pub struct RowParallel<B: Backend> {
-    /// This rank's part: weight `[d_in / tp, d_out]`, the bias on rank 0 only.
-    pub linear: Linear<B>,
-}
-
-impl<B: AutodiffBackend> RowParallel<B> {
-    /// `input W + b` from this rank's slice of the input's last dimension (`[..., d_in / tp]`,
-    /// what a [`ColumnParallel`] layer gives), summed over the ranks.
-    pub fn forward<G, const D: usize>(
-        &self,
-        input: Tensor<B, D>,
-        tp: &TensorParallel<G>,
-    ) -> Tensor<B, D>
-    where
-        G: ProcessGroup<Inner<B>> + 'static,
-    {
-        tp.sum_over_ranks(self.linear.forward(input))
     }
 }

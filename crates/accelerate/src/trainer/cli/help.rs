@@ -132,6 +132,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     ("devices", "devices (worker threads) to train on"),
     (
+        "tp_size",
+        "tensor parallelism: the model's plan split over this many devices (devices = dp x tp_size, strategy ddp)",
+    ),
+    (
         "stop_on_signal",
         "on SIGTERM/SIGINT: finish the step, save, stop",
     ),
