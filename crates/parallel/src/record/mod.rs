@@ -98,6 +98,22 @@ impl OptimizerRecord {
         }
     }
 
+    /// The ids of the parameters the record holds state for, sorted (the record's own order
+    /// is a hash map's).
+    pub fn param_ids(&self) -> Vec<String> {
+        let mut value = self.value.clone();
+        let mut ids: Vec<String> = param_map(&mut value)
+            .map(|params| {
+                params
+                    .iter()
+                    .filter_map(|(key, _)| key.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Errors unless every parameter the record holds state for is in `index` (to check
     /// before starting collectives that [`map_tensors`](Self::map_tensors) would leave half
     /// done).

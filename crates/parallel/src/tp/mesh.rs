@@ -3,8 +3,8 @@
 
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
 
 use super::{Inner, TensorParallel, TensorParallelPlan};
 use crate::mesh::mesh_of;
@@ -125,7 +125,8 @@ where
     }
 
     /// The split parameters' squares summed over the row; the replicated ones, alike on
-    /// every rank of it, counted once.
+    /// every rank of it, counted once (rank 0's), so every rank gets the same norm (and clips
+    /// its copies of the replicated parameters alike).
     fn model_squared_norm<M: AutodiffModule<B>>(
         &self,
         model: &M,
@@ -134,10 +135,22 @@ where
         device: &B::Device,
     ) -> Result<f64, ParallelError> {
         let split = self.tp.split_squared_norm(model, grads);
-        let all = Tensor::<Inner<B>, 1>::from_floats([split as f32], device);
-        let total = self.tp.group_all_reduce(all, ReduceOp::Sum)?;
-        let total: f64 = total.into_scalar().elem();
-        Ok(local - split + total)
+        let replicated = match self.tp.rank() {
+            0 => local - split,
+            _ => 0.0,
+        };
+        let parts = Tensor::<Inner<B>, 1>::from_floats([split as f32, replicated as f32], device);
+        let sums: Vec<f32> = self
+            .tp
+            .group_all_reduce(parts, ReduceOp::Sum)?
+            .into_data()
+            .to_vec()
+            .map_err(|e| ParallelError::Record(format!("reading the norm: {e:?}")))?;
+        let data_parallel = f64::from(sums[0]) + f64::from(sums[1]);
+        match &self.data {
+            Some(ddp) => ParallelStrategy::<B>::global_squared_norm(ddp, data_parallel, device),
+            None => Ok(data_parallel),
+        }
     }
 
     fn after_optimizer_step<M, O>(
