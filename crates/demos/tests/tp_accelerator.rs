@@ -224,3 +224,37 @@ fn a_state_saved_at_tp_4_loads_at_tp_2_and_on_one_device_exactly() -> Result<(),
     std::fs::remove_dir_all(&root).unwrap();
     Ok(())
 }
+
+/// The norm of the difference relative to the norm of `expected` (AdamW's sign-like updates
+/// make the largest element difference noise at half precision; the norm is the measure).
+fn norm_relative(actual: &[f32], expected: &[f32]) -> f32 {
+    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| x * x).sum::<f32>().sqrt();
+    let diff = norm(&mut actual.iter().zip(expected).map(|(a, b)| a - b));
+    diff / norm(&mut expected.iter().copied()).max(1e-12)
+}
+
+#[test]
+fn bf16_mixed_as_a_half_view_composes() {
+    let _rng = rng_lock();
+    let half = |devices, tp| AcceleratorConfig {
+        precision: "bf16-mixed".parse().unwrap(),
+        ..config(devices, tp)
+    };
+    let full = run(config(1, 1), None, None, 0..1).remove(0);
+    let one = run(half(1, 1), None, None, 0..1).remove(0);
+    let own = norm_relative(&one, &full);
+    // Tensor parallelism alone stays within bf16's own difference; with DDP (dp 2 x tp 2)
+    // the data-parallel mean adds its own rounding, so within twice that.
+    for (devices, tp, bound) in [(2, 2, 1.0), (4, 4, 1.0), (4, 2, 2.0)] {
+        let ranks = run(half(devices, tp), None, None, 0..1);
+        let error = norm_relative(&ranks[0], &one);
+        println!(
+            "bf16-mixed view, {devices} devices at tp {tp}: {error:e} from one device; bf16 from 32-true {own:e}"
+        );
+        assert!(
+            error <= bound * own,
+            "{devices} devices at tp {tp}: {error:e} from one device at bf16-mixed, more than \
+             {bound} x bf16-mixed from 32-true ({own:e})"
+        );
+    }
+}

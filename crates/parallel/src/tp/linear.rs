@@ -112,18 +112,21 @@ impl<B: Backend> TpLinear<B> {
         let x = input.reshape([dims[..D - 1].iter().product(), d_in]);
         let y = match self.split.kind {
             SplitKind::Row => {
+                let params = weight.dtype();
                 let partial = linear(x, weight, None);
                 // The bias in the dtype the matmul ran in (as one device's Linear adds it),
-                // added to the f32 sum.
+                // added to the f32 sum; the result in the parameters' dtype (f32 masters under
+                // per-op autocast, the half copy's dtype under a half view).
                 let dtype = partial.dtype();
                 let sum = (collectives.sum_over_ranks)(partial);
-                match &self.linear.bias {
+                let sum = match &self.linear.bias {
                     Some(bias) => {
                         let bias = bias.val().cast(dtype).cast(sum.dtype());
                         sum + bias.unsqueeze::<2>()
                     }
                     None => sum,
-                }
+                };
+                sum.cast(params)
             }
             _ => self.linear.forward((collectives.copy_to_ranks)(x)),
         };
