@@ -180,3 +180,38 @@ fn training_into_another_runs_checkpoints_warns_unless_overwrite_output_dir() {
     );
     std::fs::remove_dir_all(out_dir).ok();
 }
+
+#[test]
+fn the_lm_example_trains_with_its_blocks_split_over_two_devices() {
+    let out_dir = std::env::temp_dir().join(format!("afterburner-lm-tp-{}", std::process::id()));
+    let common = [
+        "--max-steps",
+        "2",
+        "--eval-strategy",
+        "no",
+        "--save-strategy",
+        "no",
+        "--output-dir",
+        out_dir.to_str().expect("a UTF-8 temp dir"),
+    ];
+    let tp = ["--strategy", "ddp", "--devices", "2", "--tp-size", "2"];
+    let out = example("lm_char", &[&tp[..], &common[..]].concat());
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Rank 0 alone prints the summary and the sample (of the model gathered back whole).
+    assert_eq!(stdout.matches("trained 2 steps").count(), 1, "{stdout}");
+    assert_eq!(stdout.matches("sample (temperature").count(), 1, "{stdout}");
+    // A model without a plan (the ViT) is refused by name, not split silently.
+    let no_best = ["--load-best-model-at-end", "false"];
+    let out = example(
+        "vit_classify",
+        &[&tp[..], &common[..], &no_best[..]].concat(),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("tp_size") && stderr.contains("TensorParallelPlan"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(out_dir).ok();
+}

@@ -6,21 +6,25 @@
 //! ```text
 //! cargo run --release --example lm_char
 //! cargo run --release --example lm_char -- --precision 32-true --bf16 false --num-train-epochs 2
+//! cargo run --release --example lm_char -- --strategy ddp --devices 2 --tp-size 2
 //! ```
+//! The last one splits every block over 2 devices (tensor parallelism, the model's plan).
 //! Every `TrainingArguments` key is an option (`--help` lists them with this example's
 //! defaults); `--prompt TEXT` starts the sample.
 
 #[path = "../minimal/backend.rs"]
 mod backend;
 
-use afterburner::CheckpointPolicy;
 use afterburner::trainer::{
-    IntervalStrategy, LossNormalization, SchedulerType, Trainer, TrainingArguments,
+    Components, IntervalStrategy, LossNormalization, SchedulerType, Trainer, TrainingArguments,
 };
-use afterburner_demos::models::TransformerConfig;
-use afterburner_demos::text::{self, TextDataset, TokenBatcher};
+use afterburner::{AccelerateError, Accelerator, CheckpointPolicy};
+use afterburner_demos::models::{Transformer, TransformerConfig};
+use afterburner_demos::text::{self, TextDataset, TextItem, TokenBatch, TokenBatcher};
 use burn::data::dataset::Dataset;
 use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use burn::train::ClassificationOutput;
 use burn::train::metric::{AccuracyMetric, PerplexityMetric};
 
 use backend::{B, device};
@@ -79,9 +83,50 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_n_layers(4)
         .with_max_seq_len(SEQ_LEN);
     let model = config.init::<B>(&device());
-    let mut trainer = Trainer::new(model, args, train, test, TokenBatcher)?
-        .with_metrics((AccuracyMetric::new(), PerplexityMetric::new()));
+    if !args.strategy.is_distributed() {
+        let trainer = Trainer::new(model, args, train, test, TokenBatcher)?;
+        return train_and_sample(trainer, &prompt);
+    }
+    // `--strategy ddp --devices 2` (and `--tp-size 2`): one Trainer per rank, each on its
+    // rank's Accelerator; rank 0 prints.
+    Accelerator::<B>::run(args.accelerator_config(), move |acc| {
+        let trainer = Trainer::on(
+            acc,
+            model.clone(),
+            args.clone(),
+            train.clone(),
+            test.clone(),
+            TokenBatcher,
+        )?;
+        train_and_sample(trainer, &prompt).map_err(|e| AccelerateError::Usage(e.to_string()))
+    })?;
+    Ok(())
+}
+
+/// The inner (evaluation) backend.
+type Inner = <B as AutodiffBackend>::InnerBackend;
+
+/// The Trainer of this example (one rank's under a distributed strategy).
+type LmTrainer = Trainer<
+    Components<
+        B,
+        Transformer<B>,
+        TextItem,
+        TokenBatch<B>,
+        TokenBatch<Inner>,
+        ClassificationOutput<Inner>,
+    >,
+>;
+
+/// Trains; the main process prints the summary, the loss curve and a sample of the whole
+/// model (gathered from the ranks under tensor parallelism or FSDP).
+fn train_and_sample(trainer: LmTrainer, prompt: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let mut trainer = trainer.with_metrics((AccuracyMetric::new(), PerplexityMetric::new()));
     let summary = trainer.train()?;
+    let model = trainer.accelerator().full_model(trainer.model()?)?;
+    if !trainer.accelerator().is_main_process() {
+        return Ok(());
+    }
     println!("{summary}");
     println!("loss curve (optimizer step: mean training loss since the last line):");
     for entry in &trainer.state().log_history {
@@ -92,8 +137,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             println!("  {:>4}: eval {loss:.3}", entry.step);
         }
     }
-    let model = trainer.model()?.valid();
-    let sample = text::sample(&model, &prompt, 300, 0.8, SEQ_LEN, 7);
+    let sample = text::sample(&model.valid(), prompt, 300, 0.8, SEQ_LEN, 7);
     println!("sample (temperature 0.8):\n{sample}");
     Ok(())
 }
