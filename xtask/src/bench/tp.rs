@@ -6,13 +6,12 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use afterburner::parallel::tp::{TensorParallel, TensorParallelPlan};
-use afterburner::parallel::{LaunchConfig, ParallelError, launch, local_devices};
+use afterburner::parallel::local_devices;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::models::{Transformer, TransformerConfig};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::AdamWConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 use serde::Serialize;
@@ -31,6 +30,8 @@ struct Row {
     values_sent_per_step: u64,
     /// Parameters one rank holds (rank 0).
     params_per_rank: usize,
+    /// Parameters one rank holds at its peak (FSDP's gathered unit on top of its shard).
+    peak_params_per_rank: usize,
     ms_per_step: f64,
 }
 
@@ -65,19 +66,24 @@ pub fn bench(o: &Options) -> Result<(), String> {
     let mut md = format!(
         "Tensor parallelism next to FSDP, {RANKS} ranks on in-process threads (flex), the demo \
          transformer (d 128, 4 blocks, {full} parameters), batch 8 x 64 tokens, AdamW, \
-         {steps} optimizer steps, the mean step after the first.\n\n| strategy | f32 values \
-         sent per step per rank | MiB | parameters per rank | share of the model | ms per \
-         step |\n|---|---|---|---|---|---|\n"
+         {steps} optimizer steps, the mean step after the first. Memory per rank: the training \
+         state it keeps (parameters, gradients and AdamW's two moments, f32: 16 bytes a \
+         parameter) and the parameters it holds at its peak (FSDP's gathered unit on top of \
+         its shard).\n\n| strategy | f32 values sent per step per rank | MiB | parameters \
+         per rank | share of the model | training state MiB per rank | peak parameters per \
+         rank | ms per step |\n|---|---|---|---|---|---|---|---|\n"
     );
     for r in &rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {} | {:.1}% | {:.1} |",
+            "| {} | {} | {:.2} | {} | {:.1}% | {:.2} | {} | {:.1} |",
             r.strategy,
             r.values_sent_per_step,
             r.values_sent_per_step as f64 * 4.0 / (1 << 20) as f64,
             r.params_per_rank,
             100.0 * r.params_per_rank as f64 / full as f64,
+            r.params_per_rank as f64 * 16.0 / (1 << 20) as f64,
+            r.peak_params_per_rank,
             r.ms_per_step,
         );
     }
@@ -90,40 +96,50 @@ fn tensor_parallel(
     steps: usize,
 ) -> Result<Row, String> {
     let (model, tokens) = (model.clone(), tokens.clone());
-    let ranks = launch::<Flex, _, _, _>(
-        local_devices::<Flex>(RANKS).map_err(|e| e.to_string())?,
-        LaunchConfig::default(),
-        move |group| {
-            let tp = TensorParallel::new(group);
-            let mut model = model.clone().parallelize(&tp)?;
-            let mut optim = AdamWConfig::new().init();
-            let (mut started, mut first_sent) = (Instant::now(), 0);
-            for step in 0..=steps {
-                if step == 1 {
-                    (started, first_sent) = (Instant::now(), tp.values_sent());
-                }
-                let logits = model.forward(tokens.clone());
-                let grads = GradientsParams::from_grads(loss(logits).backward(), &model);
-                tp.check()?;
-                model = optim.step(LR, model, grads);
+    let config = AcceleratorConfig {
+        strategy: StrategyConfig::Ddp,
+        tp_size: RANKS,
+        devices: RANKS,
+        ..Default::default()
+    };
+    let devices = local_devices::<Flex>(RANKS).map_err(|e| e.to_string())?;
+    let ranks = Accelerator::<B>::launch(config, devices, move |mut acc| {
+        let model = acc.parallelize(model.clone())?;
+        let mut model = acc.setup_model(model)?;
+        let params = model.num_params();
+        let mut optim = AdamWConfig::new().init();
+        let tp_sent = |acc: &Accelerator<B>| {
+            acc.strategy()
+                .tensor_parallel()
+                .map_or(0, |mesh| mesh.tensor_parallel().values_sent())
+        };
+        let (mut started, mut first_sent) = (Instant::now(), 0);
+        for step in 0..=steps {
+            if step == 1 {
+                (started, first_sent) = (Instant::now(), tp_sent(&acc));
             }
-            let ms = started.elapsed().as_secs_f64() * 1e3 / steps as f64;
-            let sent = (tp.values_sent() - first_sent) / steps as u64;
-            Ok::<_, ParallelError>((sent, model.num_params(), ms))
-        },
-    )
+            let logits = acc.forward(&model, tokens.clone(), |m, t| m.forward(t))?;
+            acc.backward(loss(logits), &model)?;
+            model = acc.step(model, &mut optim, &mut LR.clone())?;
+        }
+        let ms = started.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        let sent = (tp_sent(&acc) - first_sent) / steps as u64;
+        Ok::<_, AccelerateError>((sent, params, ms))
+    })
     .map_err(|e| e.to_string())?;
     let (sent, params, ms) = ranks[0];
     Ok(Row {
-        strategy: "tensor parallel (column/row, the demo's plan)".into(),
+        strategy: "tensor parallel (tp_size 2, the demo's plan)".into(),
         ranks: RANKS,
         values_sent_per_step: sent,
         params_per_rank: params,
+        peak_params_per_rank: params,
         ms_per_step: ms,
     })
 }
 
 fn fsdp(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>, steps: usize) -> Result<Row, String> {
+    let full = model.num_params();
     let (model, tokens) = (model.clone(), tokens.clone());
     let config = AcceleratorConfig {
         strategy: StrategyConfig::Fsdp(Default::default()),
@@ -155,6 +171,8 @@ fn fsdp(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>, steps: usize) -> Res
         ranks: RANKS,
         values_sent_per_step: sent,
         params_per_rank: params,
+        // The one unit (the whole model) is gathered for the forward and again for backward.
+        peak_params_per_rank: full,
         ms_per_step: ms,
     })
 }
