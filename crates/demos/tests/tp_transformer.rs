@@ -157,3 +157,28 @@ fn checkpointed_tp_blocks_train_bitwise_as_kept_ones() {
         assert!(b.sent > a.sent, "{} vs {}", b.sent, a.sent);
     }
 }
+
+#[test]
+fn gpt2s_blocks_split_at_tp_4_to_their_share() {
+    // One GPT-2-small block (d 768, 12 heads) over bytes: the plan gives each of 4 ranks a
+    // quarter of qkv, proj, fc1 and fc2, and the rest whole.
+    let device = Default::default();
+    let model = afterburner_demos::models::TransformerConfig::gpt2()
+        .with_n_layers(1)
+        .with_vocab_size(256)
+        .init::<B>(&device);
+    let _ = model.forward(Tensor::zeros([1, 4], &device));
+    let d = 768;
+    let split = d * 3 * d + 3 * d + d * d + d * 4 * d + 4 * d + 4 * d * d;
+    let total = model.num_params();
+    let held = launch::<Flex, _, _, _>(
+        local_devices::<Flex>(4).unwrap(),
+        LaunchConfig::default(),
+        move |group| {
+            let tp = TensorParallel::new(group);
+            Ok::<_, ParallelError>(model.clone().parallelize(&tp)?.num_params())
+        },
+    )
+    .unwrap();
+    assert_eq!(held, vec![total - split * 3 / 4; 4]);
+}

@@ -68,6 +68,19 @@ pub struct Transformer<B: Backend> {
 }
 
 impl TransformerConfig {
+    /// GPT-2 small's shape: 12 blocks of width 768 with 12 heads, 1,024 positions and GPT-2's
+    /// 50,257 tokens (163,087,441 parameters: the head is not tied to the embedding as in
+    /// GPT-2, whose count is 124M). The same pre-norm blocks and tensor-parallel plan as every
+    /// demo transformer: `tp_size` 2, 3, 4, 6 or 12 splits its heads evenly.
+    pub fn gpt2() -> Self {
+        Self::new()
+            .with_vocab_size(50_257)
+            .with_d_model(768)
+            .with_n_heads(12)
+            .with_n_layers(12)
+            .with_max_seq_len(1_024)
+    }
+
     /// Builds the model on `device`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Transformer<B> {
         let d = self.d_model;
