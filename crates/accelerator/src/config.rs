@@ -49,7 +49,8 @@ pub struct AcceleratorConfig {
     pub devices: usize,
     /// Tensor parallelism (Accelerate's `ParallelismConfig.tp_size`): each layer of the
     /// model's plan ([`TensorParallelPlan`](afterburner_parallel::tp::TensorParallelPlan))
-    /// split over this many devices, with `strategy = "ddp"` across the groups: `devices =
+    /// split over this many devices, with `strategy = "ddp"` or `"fsdp"` across the groups
+    /// (FSDP then shards each group's parts): `devices =
     /// dp x tp_size`, the data sharded over the `dp` groups only. Call
     /// [`Accelerator::parallelize`](crate::Accelerator::parallelize) before `setup`.
     /// Default 1 (no split).
@@ -173,7 +174,8 @@ impl AcceleratorConfig {
         self.strategy.validate()
     }
 
-    /// `tp_size`: at least 1; above 1, a divisor of `devices` under `strategy = "ddp"`.
+    /// `tp_size`: at least 1; above 1, a divisor of `devices` under `strategy = "ddp"` or
+    /// `"fsdp"`.
     fn validate_tp_size(&self) -> Result<(), AccelerateError> {
         match self.tp_size {
             0 => Err(AccelerateError::invalid("tp_size", 0, "at least 1")),
@@ -186,16 +188,18 @@ impl AcceleratorConfig {
                     self.devices
                 ),
             )),
-            tp if self.strategy != StrategyConfig::Ddp => Err(AccelerateError::invalid(
-                "tp_size",
-                tp,
-                format!(
-                    "1 under strategy {} (tensor parallelism runs with strategy \"ddp\" across \
-                     its groups; fsdp, zero-1, local-sgd and diloco with tp_size > 1 are not \
-                     supported yet)",
-                    self.strategy.name()
-                ),
-            )),
+            tp if !matches!(self.strategy, StrategyConfig::Ddp | StrategyConfig::Fsdp(_)) => {
+                Err(AccelerateError::invalid(
+                    "tp_size",
+                    tp,
+                    format!(
+                        "1 under strategy {} (tensor parallelism runs with strategy \"ddp\" or \
+                         \"fsdp\" across its groups; zero-1, local-sgd and diloco with tp_size > \
+                         1 are not supported yet)",
+                        self.strategy.name()
+                    ),
+                ))
+            }
             _ => Ok(()),
         }
     }

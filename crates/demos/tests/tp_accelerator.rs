@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use afterburner::parallel::{OptimizerRecord, flat_params};
 use afterburner::trainer::TrainLoss;
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner::{
+    AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StrategyConfig,
+};
 use afterburner_demos::models::{Transformer, TransformerConfig};
 use afterburner_demos::text::{self, TextDataset, TokenBatcher};
 use burn::backend::{Autodiff, Flex};
@@ -113,12 +115,29 @@ fn relative(actual: &[f32], expected: &[f32]) -> f32 {
     diff / scale
 }
 
+/// [`config`] with FSDP (full shard) across the tensor-parallel groups, saving `state` as
+/// `state_dict_type`.
+fn fsdp(devices: usize, tp_size: usize, state: StateDictType) -> AcceleratorConfig {
+    AcceleratorConfig {
+        strategy: StrategyConfig::Fsdp(FsdpConfig {
+            state_dict_type: state,
+            ..Default::default()
+        }),
+        ..config(devices, tp_size)
+    }
+}
+
 #[test]
 fn tp_2_and_dp_2_by_tp_2_train_as_one_device() {
     let _rng = rng_lock();
     let one = run(config(1, 1), None, None, 0..1).remove(0);
-    for (devices, tp) in [(2, 2), (4, 2)] {
-        let ranks = run(config(devices, tp), None, None, 0..1);
+    for (devices, tp, config) in [
+        (2, 2, config(2, 2)),
+        (4, 2, config(4, 2)),
+        (4, 2, fsdp(4, 2, StateDictType::Full)),
+    ] {
+        let strategy = config.strategy.name().to_string();
+        let ranks = run(config, None, None, 0..1);
         // Every rank ends with the same model: the replicated parameters' copies stay equal
         // (every rank of a group clips by the same norm).
         assert!(
@@ -127,7 +146,9 @@ fn tp_2_and_dp_2_by_tp_2_train_as_one_device() {
         );
         for (rank, params) in ranks.iter().enumerate() {
             let error = relative(params, &one);
-            println!("{devices} devices at tp {tp}, rank {rank}: {error:e} from one device");
+            println!(
+                "{devices} devices at tp {tp} ({strategy}), rank {rank}: {error:e} from one device"
+            );
             assert!(
                 error < 1e-6,
                 "{devices} devices at tp {tp}, rank {rank}: the parameters differ from one \
@@ -155,12 +176,15 @@ fn a_model_without_its_plan_applied_is_a_named_error() {
         odd.contains("tp_size") && odd.contains("a divisor of devices (4)"),
         "{odd}"
     );
-    let fsdp = AcceleratorConfig {
-        strategy: StrategyConfig::Fsdp(Default::default()),
+    let zero = AcceleratorConfig {
+        strategy: StrategyConfig::Zero1,
         ..config(4, 2)
     };
-    let fsdp = fsdp.validate().unwrap_err().to_string();
-    assert!(fsdp.contains("tp_size") && fsdp.contains("ddp"), "{fsdp}");
+    let zero = zero.validate().unwrap_err().to_string();
+    assert!(
+        zero.contains("tp_size") && zero.contains("\"fsdp\""),
+        "{zero}"
+    );
 }
 
 /// A state's model file, and its optimizer's state values parameter by parameter (the
@@ -204,6 +228,20 @@ fn a_state_saved_at_tp_4_loads_at_tp_2_and_on_one_device_exactly() -> Result<(),
     assert!(
         state_files(&at_1) == saved_files,
         "tp 4 -> one device -> file: another state"
+    );
+
+    // FSDP across the groups (dp 2 x tp 2) loads it exactly too, and saves it again whole.
+    let at_fsdp = root.join("fsdp");
+    let loaded_fsdp = run(
+        fsdp(4, 2, StateDictType::Full),
+        Some(at_4.clone()),
+        Some(at_fsdp.clone()),
+        1..1,
+    );
+    assert!(loaded_fsdp.iter().all(|p| *p == saved[0]));
+    assert!(
+        state_files(&at_fsdp) == saved_files,
+        "tp 4 -> fsdp x tp 2 -> file: another state"
     );
 
     // Resumed at tp 2: bitwise the uninterrupted tp 2 run over the same two epochs.
@@ -257,4 +295,43 @@ fn bf16_mixed_as_a_half_view_composes() {
              {bound} x bf16-mixed from 32-true ({own:e})"
         );
     }
+}
+
+#[test]
+fn a_sharded_tp_state_resumes_bitwise_at_its_sizes() {
+    let _rng = rng_lock();
+    let sharded = |devices, tp| fsdp(devices, tp, StateDictType::Sharded);
+    let root = std::env::temp_dir().join(format!("afterburner-tp-sharded-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    // tp 2 alone (each rank its split part), and dp 2 x tp 2 (FSDP's shards of them).
+    for (devices, tp) in [(2, 2), (4, 2)] {
+        let dir = root.join(format!("{devices}-{tp}"));
+        let straight = run(sharded(devices, tp), None, None, 0..2);
+        run(sharded(devices, tp), None, Some(dir.clone()), 0..1);
+        for rank in 0..devices {
+            let own = dir.join(format!("rank-{rank:05}-of-{devices:05}"));
+            assert!(own.join("manifest.json").is_file(), "{}", own.display());
+        }
+        let resumed = run(sharded(devices, tp), Some(dir), None, 1..2);
+        assert!(
+            resumed == straight,
+            "{devices} devices at tp {tp}: resumed differs from uninterrupted by {:e}",
+            relative(&resumed[0], &straight[0])
+        );
+    }
+    // Its own parts load at the sizes that wrote them only: another is a named error.
+    let (initial, dir) = (model(3), root.join("4-2"));
+    let error = Accelerator::<B>::run(sharded(2, 2), move |mut acc| {
+        let model = acc.parallelize(initial.clone())?;
+        let (model, optim) = acc.setup(model, AdamWConfig::new().init())?;
+        acc.load_state(&dir, model, optim, LR)?;
+        Ok(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("loads at the world size that saved it"),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -354,14 +354,9 @@ fn vit_b16(size: usize) -> VitConfig {
 /// GPT-2 small's vocabulary.
 const GPT2_VOCAB: usize = 50257;
 
-/// GPT-2 small (124M parameters) on sequences of `seq` tokens.
+/// GPT-2 small's shape (the demo's untied head: 163M parameters) on sequences of `seq` tokens.
 fn gpt2_small(seq: usize) -> TransformerConfig {
-    TransformerConfig::new()
-        .with_vocab_size(GPT2_VOCAB)
-        .with_d_model(768)
-        .with_n_heads(12)
-        .with_n_layers(12)
-        .with_max_seq_len(seq)
+    TransformerConfig::gpt2().with_max_seq_len(seq)
 }
 
 fn train_vit<I: Backend>(

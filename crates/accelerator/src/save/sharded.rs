@@ -144,10 +144,15 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             })
             .unwrap_or_default();
         found.sort();
+        let loads = match self.strategy.state_layout().reshards() {
+            true => {
+                "A sharded state loads at any world size when it holds one complete save \
+                 (rank-00000-of-N to rank-<N-1>-of-N)"
+            }
+            false => "This strategy's per-rank state loads at the world size that saved it",
+        };
         AccelerateError::WrongWorldSize(format!(
-            "no sharded state for this rank at {} (world size {}); found: [{}]. A sharded \
-             state loads at any world size when it holds one complete save \
-             (rank-00000-of-N to rank-<N-1>-of-N)",
+            "no sharded state for this rank at {} (world size {}); found: [{}]. {loads}",
             mine.display(),
             self.world_size(),
             found.join(", ")

@@ -14,7 +14,7 @@ mod named;
 
 use afterburner_localsgd::{DiLoCo, LocalSgd};
 use afterburner_parallel::tp::TensorParallelMesh;
-use afterburner_parallel::{Fsdp, OptimizerSharding, SharedGroup, SingleDevice};
+use afterburner_parallel::{Fsdp, OptimizerSharding, ShardingStrategy, SharedGroup, SingleDevice};
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::group::Group;
@@ -39,7 +39,7 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
     /// The strategy `config` asks for, over `group` (`None` on a single device) on this
     /// rank's `device`: what [`Accelerator::run`](crate::Accelerator::run) builds for each
     /// rank. A registered strategy's name builds `U`; `tp_size > 1` a
-    /// [`TensorParallelMesh`] (DDP across the tensor-parallel groups).
+    /// [`TensorParallelMesh`] (DDP or FSDP across the tensor-parallel groups).
     pub fn from_config(
         config: &AcceleratorConfig,
         group: Option<Group<B>>,
@@ -50,10 +50,19 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
             let group = group.ok_or_else(|| {
                 AccelerateError::invalid("tp_size", config.tp_size, "1 on a single device")
             })?;
+            let fsdp = match &config.strategy {
+                StrategyConfig::Fsdp(fsdp)
+                    if fsdp.sharding_strategy != ShardingStrategy::NoShard =>
+                {
+                    Some(fsdp.clone())
+                }
+                _ => None,
+            };
             return Ok(Self::TensorParallel(TensorParallelMesh::new(
                 group,
                 config.tp_size,
                 device.clone(),
+                fsdp,
             )?));
         }
         match (group, &config.strategy) {

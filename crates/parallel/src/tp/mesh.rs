@@ -1,30 +1,56 @@
 //! [`TensorParallelMesh`]: training on a `dp x tp` mesh: each layer of the model's plan split
-//! over the `tp` ranks of a row, DDP across the `dp` rows (the data sharded over them only).
+//! over the `tp` ranks of a row, DDP or FSDP across the `dp` rows (the data sharded over them
+//! only).
 
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
-use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
 
 use super::{Inner, TensorParallel, TensorParallelPlan};
 use crate::mesh::mesh_of;
 use crate::{
-    Ddp, OptimizerRecord, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, SharedGroup,
-    StateLayout, StateSaving, SubGroup,
+    Ddp, ForwardView, Fsdp, FsdpConfig, OptimizerRecord, ParallelError, ParallelStrategy,
+    ProcessGroup, ReduceOp, SharedGroup, StateDictType, StateLayout, StateSaving, SubGroup,
 };
+
+/// The strategy across a mesh's rows (over this rank's column).
+enum DataParallel<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
+    /// One row: nothing to exchange.
+    One,
+    /// A whole TP part per row, gradients all-reduced over the column.
+    Ddp(Ddp<B, SubGroup<Inner<B>, G>>),
+    /// The TP parts sharded over the column.
+    Fsdp(Fsdp<B, SubGroup<Inner<B>, G>>),
+}
+
+/// `$call` on the data-parallel strategy `$s` (as `&` or `&mut`), `$one` with a single row.
+macro_rules! across_rows {
+    ($data:expr, $s:ident => $call:expr, $one:expr) => {
+        match $data {
+            DataParallel::Ddp($s) => $call,
+            DataParallel::Fsdp($s) => $call,
+            DataParallel::One => $one,
+        }
+    };
+}
 
 /// The strategy of a run with `tp_size > 1` (see the module docs). Rank `r` of the world sits
 /// at row `r / tp` (its data-parallel rank), column `r % tp` (its tensor-parallel rank).
 /// A model must be split by its plan ([`parallelize`](ParallelStrategy::parallelize)) before
 /// [`setup`](ParallelStrategy::setup). Its state is saved gathered (the whole model, by world
-/// rank 0), so it loads at any tp or dp size and on one device.
+/// rank 0), so it loads at any tp or dp size and on one device (or, under FSDP's
+/// `state_dict_type = "sharded"`, each rank's own part).
 pub struct TensorParallelMesh<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     world: SharedGroup<G>,
     tp: TensorParallel<SubGroup<Inner<B>, G>>,
-    /// DDP over this rank's column; `None` when there is one row.
-    data: Option<Ddp<B, SubGroup<Inner<B>, G>>>,
+    /// DDP or FSDP over this rank's column.
+    data: DataParallel<B, G>,
     dp_rank: usize,
     dp_size: usize,
+    /// Each rank saves its own part (FSDP's `state_dict_type = "sharded"`), instead of the
+    /// gathered whole.
+    sharded_state: bool,
 }
 
 impl<B, G> TensorParallelMesh<B, G>
@@ -32,21 +58,32 @@ where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
 {
-    /// `group`'s ranks as a mesh of `tp` columns (the world size must be a multiple).
+    /// `group`'s ranks as a mesh of `tp` columns (the world size must be a multiple), DDP
+    /// across the rows, or FSDP with `fsdp`.
     pub fn new(
         group: G,
         tp: usize,
         device: burn::tensor::Device<Inner<B>>,
+        fsdp: Option<FsdpConfig>,
     ) -> Result<Self, ParallelError> {
         let world = SharedGroup::new(group);
         let (dp_group, tp_group) = mesh_of(world.clone(), tp, device)?;
         let (dp_rank, dp_size) = (dp_group.rank(), dp_group.world_size());
+        let sharded_state = fsdp
+            .as_ref()
+            .is_some_and(|c| c.state_dict_type == StateDictType::Sharded);
+        let data = match (dp_size, fsdp) {
+            (1, _) => DataParallel::One,
+            (_, None) => DataParallel::Ddp(Ddp::new(dp_group)),
+            (_, Some(config)) => DataParallel::Fsdp(Fsdp::new(SharedGroup::new(dp_group), config)?),
+        };
         Ok(Self {
             world,
             tp: TensorParallel::new(tp_group),
-            data: (dp_size > 1).then(|| Ddp::new(dp_group)),
+            data,
             dp_rank,
             dp_size,
+            sharded_state,
         })
     }
 
@@ -62,7 +99,10 @@ where
     G: ProcessGroup<Inner<B>> + 'static,
 {
     fn name(&self) -> &'static str {
-        "ddp x tp"
+        match self.data {
+            DataParallel::Fsdp(_) => "fsdp x tp",
+            _ => "ddp x tp",
+        }
     }
 
     fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
@@ -103,14 +143,20 @@ where
         }
         // Remember the split parameters by position: a loaded state brings other ids.
         self.tp.splits_of(&model);
-        match &self.data {
-            Some(ddp) => ParallelStrategy::<B>::setup(ddp, model),
-            None => Ok(model),
-        }
+        across_rows!(&self.data, s => ParallelStrategy::<B>::setup(s, model), Ok(model))
+    }
+
+    fn forward_view<M: burn::module::Module<B>>(
+        &self,
+        model: &M,
+        compute: Option<burn::tensor::DType>,
+    ) -> Result<Option<ForwardView<B, M>>, ParallelError> {
+        across_rows!(&self.data, s => s.forward_view(model, compute), Ok(None))
     }
 
     fn after_backward(&self) -> Result<(), ParallelError> {
-        self.tp.check()
+        self.tp.check()?;
+        across_rows!(&self.data, s => ParallelStrategy::<B>::after_backward(s), Ok(()))
     }
 
     fn reduce_gradients<M: AutodiffModule<B>>(
@@ -118,15 +164,21 @@ where
         model: &M,
         grads: &mut GradientsParams,
     ) -> Result<(), ParallelError> {
-        match &mut self.data {
-            Some(ddp) => ddp.reduce_gradients(model, grads),
-            None => Ok(()),
-        }
+        across_rows!(&mut self.data, s => s.reduce_gradients(model, grads), Ok(()))
+    }
+
+    fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
+        let parts = Tensor::<Inner<B>, 1>::from_floats([local as f32], device);
+        let row = self.tp.group_all_reduce(parts, ReduceOp::Sum)?;
+        let row: f32 = row.into_scalar().elem();
+        let row = f64::from(row);
+        across_rows!(&self.data, s => ParallelStrategy::<B>::global_squared_norm(s, row, device), Ok(row))
     }
 
     /// The split parameters' squares summed over the row; the replicated ones, alike on
     /// every rank of it, counted once (rank 0's), so every rank gets the same norm (and clips
-    /// its copies of the replicated parameters alike).
+    /// its copies of the replicated parameters alike); then over the rows as the
+    /// data-parallel strategy sums (FSDP's shards).
     fn model_squared_norm<M: AutodiffModule<B>>(
         &self,
         model: &M,
@@ -146,11 +198,16 @@ where
             .into_data()
             .to_vec()
             .map_err(|e| ParallelError::Record(format!("reading the norm: {e:?}")))?;
-        let data_parallel = f64::from(sums[0]) + f64::from(sums[1]);
-        match &self.data {
-            Some(ddp) => ParallelStrategy::<B>::global_squared_norm(ddp, data_parallel, device),
-            None => Ok(data_parallel),
-        }
+        let row = f64::from(sums[0]) + f64::from(sums[1]);
+        across_rows!(&self.data, s => ParallelStrategy::<B>::global_squared_norm(s, row, device), Ok(row))
+    }
+
+    fn before_optimizer_step<M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) {
+        across_rows!(&mut self.data, s => s.before_optimizer_step(model, grads), ())
     }
 
     fn after_optimizer_step<M, O>(
@@ -163,35 +220,38 @@ where
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
-        match &mut self.data {
-            Some(ddp) => ddp.after_optimizer_step(model, optimizer, step),
-            None => Ok(model),
-        }
+        across_rows!(&mut self.data, s => s.after_optimizer_step(model, optimizer, step), Ok(model))
     }
 
     fn gradient_all_reduces(&self) -> u64 {
-        self.data
-            .as_ref()
-            .map_or(0, |ddp| ParallelStrategy::<B>::gradient_all_reduces(ddp))
+        across_rows!(&self.data, s => ParallelStrategy::<B>::gradient_all_reduces(s), 0)
     }
 
     fn averages_gradients(&self) -> bool {
         true
     }
 
+    /// Gathered over the column first (FSDP's shards into this row's split parts), then
+    /// over the row.
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {
-        self.tp.full_model(model)
+        let parts = across_rows!(&self.data, s => ParallelStrategy::<B>::full_model(s, model)?, model.clone());
+        self.tp.full_model(&parts)
     }
 }
 
-/// Saved gathered: the whole model and optimizer state, written by world rank 0.
+/// Saved gathered (the whole model and optimizer state, written by world rank 0; it loads at
+/// any size), or under FSDP's `state_dict_type = "sharded"` each rank's own part (its own
+/// directory; it loads at the same sizes).
 impl<B, G> StateSaving<B> for TensorParallelMesh<B, G>
 where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + 'static,
 {
     fn state_layout(&self) -> StateLayout {
-        StateLayout::Gathered
+        match self.sharded_state {
+            true => StateLayout::PerRank,
+            false => StateLayout::Gathered,
+        }
     }
 
     fn gather_optimizer_record<M: AutodiffModule<B>>(
@@ -200,7 +260,12 @@ where
         record: OptimizerRecord,
         device: &B::Device,
     ) -> Result<OptimizerRecord, ParallelError> {
-        self.tp.gather_optimizer_record(model, record, device)
+        let parts = across_rows!(
+            &self.data,
+            s => s.gather_optimizer_record(model, record, device)?,
+            record
+        );
+        self.tp.gather_optimizer_record(model, parts, device)
     }
 
     fn shard_optimizer_record<M: AutodiffModule<B>>(
@@ -208,11 +273,17 @@ where
         full: &M,
         record: OptimizerRecord,
     ) -> Result<OptimizerRecord, ParallelError> {
-        self.tp.shard_optimizer_record(full, record)
+        let parts = self.tp.shard_optimizer_record(full, record)?;
+        across_rows!(&self.data, s => s.shard_optimizer_record(full, parts), Ok(parts))
     }
 
     fn shard_full_state<M: AutodiffModule<B>>(&self, full: M) -> Result<M, ParallelError> {
-        self.tp.shard_model(full)
+        let parts = self.tp.shard_model(full)?;
+        across_rows!(&self.data, s => s.shard_full_state(parts), Ok(parts))
+    }
+
+    fn after_load<M: AutodiffModule<B>>(&mut self, model: &M) -> Result<(), ParallelError> {
+        across_rows!(&mut self.data, s => s.after_load(model), Ok(()))
     }
 }
 
