@@ -468,3 +468,66 @@ fn sigterm_to_the_launcher_stops_every_worker_with_the_graceful_save() {
     assert_eq!(saved.len(), 1, "one graceful-stop checkpoint: {saved:?}");
     let _ = std::fs::remove_dir_all(out);
 }
+
+#[test]
+fn the_launcher_runs_tensor_parallel_workers_and_restarts_them_together() {
+    // lm_char's blocks split over 2 processes (`--tp-size 2`, the ranks meeting at the
+    // launcher): 4 steps, a checkpoint at step 2; rank 1 killed once it is written: both
+    // restart (policy `all`, from `--strategy ddp`), resume from it and finish.
+    let out = fresh("tp");
+    let lm = example("lm_char");
+    let trainer = [
+        "--strategy",
+        "ddp",
+        "--tp-size",
+        "2",
+        "--max-steps",
+        "4",
+        "--save-steps",
+        "2",
+        "--save-strategy",
+        "steps",
+        "--eval-strategy",
+        "no",
+        "--precision",
+        "32-true",
+        "--bf16",
+        "false",
+        "--gradient-checkpointing",
+        "false",
+        "--disable-tqdm",
+        "--per-device-train-batch-size",
+        "4",
+    ];
+    let mut args = vec![
+        "afterburner",
+        "launch",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+    ];
+    args.extend(["--", lm.to_str().unwrap()]);
+    args.extend(trainer);
+    args.extend(["--output-dir", out.to_str().unwrap()]);
+    let args = parse_args(args).expect("the launcher's arguments");
+    let killer = {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            let checkpoint = out.join("checkpoint-2");
+            let first = [
+                "RANK=1".to_string(),
+                "AFTERBURNER_RESTART_COUNT=0".to_string(),
+            ];
+            kill_when(&out, &first, || checkpoint.exists())
+        })
+    };
+    let code = launch(&args).unwrap_or_else(|e| panic!("the launch failed: {e}"));
+    assert_eq!(code, 0, "the launcher's exit code");
+    assert!(killer.join().unwrap(), "rank 1 was killed once");
+    assert!(
+        out.join("checkpoint-4").is_dir(),
+        "the run finished after the restart"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}

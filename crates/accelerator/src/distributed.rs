@@ -143,6 +143,12 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 ),
             ));
         }
+        // The launch's workers are the devices (what `tp_size` divides).
+        let config = AcceleratorConfig {
+            devices: launched.world_size,
+            ..config
+        };
+        config.validate()?;
         let group = launched.connect::<B::InnerBackend>(&device)?;
         if launched.restart_count > 0 {
             tracing::warn!(

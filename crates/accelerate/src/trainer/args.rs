@@ -275,10 +275,15 @@ impl TrainingArguments {
         })
     }
 
-    /// The Accelerator settings these arguments ask for.
+    /// The Accelerator settings these arguments ask for. In a process started by
+    /// `afterburner launch`, `devices` is the launch's number of workers.
     pub fn accelerator_config(&self) -> AcceleratorConfig {
+        let devices = match crate::parallel::Launched::from_env() {
+            Ok(Some(launched)) => launched.world_size,
+            _ => self.devices,
+        };
         AcceleratorConfig {
-            devices: self.devices,
+            devices,
             ..self.apply_to(AcceleratorConfig::default())
         }
     }
