@@ -4,6 +4,8 @@
 //! a state saved at tp 4 loads at tp 2 and on one device exactly (the state written again is
 //! the same) and a resumed run ends bitwise where the uninterrupted one did.
 
+mod common;
+
 use std::path::PathBuf;
 
 use afterburner::parallel::{OptimizerRecord, flat_params};
@@ -18,6 +20,7 @@ use burn::data::dataset::{Dataset, InMemDataset};
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
+use common::relative;
 
 type B = Autodiff<Flex>;
 const LR: f64 = 1e-3;
@@ -103,16 +106,6 @@ fn run(
             .unwrap())
     })
     .unwrap()
-}
-
-fn relative(actual: &[f32], expected: &[f32]) -> f32 {
-    assert_eq!(actual.len(), expected.len());
-    let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    let diff = actual
-        .iter()
-        .zip(expected)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    diff / scale
 }
 
 /// [`config`] with FSDP (full shard) across the tensor-parallel groups, saving `state` as

@@ -12,7 +12,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{Int, Tensor};
-use common::small_transformer;
+use common::{relative, small_transformer};
 
 type B = Autodiff<Flex>;
 const STEPS: usize = 5;
@@ -91,16 +91,6 @@ fn tensor_parallel(
         },
     )
     .unwrap()
-}
-
-fn relative(actual: &[f32], expected: &[f32]) -> f32 {
-    assert_eq!(actual.len(), expected.len());
-    let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-    let diff = actual
-        .iter()
-        .zip(expected)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    diff / scale
 }
 
 #[test]

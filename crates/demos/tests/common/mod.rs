@@ -4,9 +4,22 @@ use afterburner_demos::models::{Transformer, TransformerConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 
+/// The largest difference relative to the largest value of `expected`.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn relative(actual: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(actual.len(), expected.len());
+    let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let diff = actual
+        .iter()
+        .zip(expected)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
+
 /// A 2-block transformer (d 16, 4 heads, 11 tokens) seeded with `seed`, and a batch of 2 x 6
 /// tokens. One forward has read every lazily initialised parameter, so clones of the model
 /// (one per rank) hold the same values.
+#[allow(dead_code)] // not every test binary that shares this module uses it
 pub fn small_transformer<B: Backend>(seed: u64) -> (Transformer<B>, Tensor<B, 2, Int>) {
     let device = Default::default();
     B::seed(&device, seed);
