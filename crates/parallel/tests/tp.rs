@@ -407,3 +407,25 @@ fn a_mesh_gives_each_rank_its_row_and_column() {
         .to_string();
     assert!(error.contains("tp_size = 3"), "{error}");
 }
+
+#[test]
+fn the_ranks_of_a_mesh_skip_a_step_together() {
+    use afterburner_parallel::ParallelStrategy;
+    use afterburner_parallel::tp::TensorParallelMesh;
+    // Rank 3 alone saw an overflow (its part of a split layer's gradient): every rank skips.
+    let skips = launch::<Flex, _, _, _>(
+        local_devices::<Flex>(4).unwrap(),
+        LaunchConfig::default(),
+        |group| {
+            let rank = group.rank();
+            let mesh = TensorParallelMesh::<B, _>::new(group, 2, Default::default(), None)?;
+            let both = [
+                ParallelStrategy::<B>::agree_on_skip(&mesh, rank == 3, &Default::default())?,
+                ParallelStrategy::<B>::agree_on_skip(&mesh, false, &Default::default())?,
+            ];
+            Ok::<_, ParallelError>(both)
+        },
+    )
+    .unwrap();
+    assert_eq!(skips, vec![[true, false]; 4]);
+}

@@ -146,6 +146,13 @@ where
         across_rows!(&self.data, s => ParallelStrategy::<B>::setup(s, model), Ok(model))
     }
 
+    /// Every rank skips if any does: the ranks of a group hold different parts of the
+    /// gradients, so one may overflow where another does not.
+    fn agree_on_skip(&self, skip: bool, device: &B::Device) -> Result<bool, ParallelError> {
+        let world: &dyn ProcessGroup<Inner<B>> = &self.world;
+        Ok(crate::ranks_voting_yes(Some(world), skip, device)? > 0)
+    }
+
     fn forward_view<M: burn::module::Module<B>>(
         &self,
         model: &M,
