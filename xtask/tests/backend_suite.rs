@@ -43,6 +43,7 @@ macro_rules! suite {
                 checkpointed_gradients_equal_plain,
                 ddp_two_workers_equal_one_device,
                 fsdp_equals_ddp,
+                tensor_parallel_equals_one_device,
             ]
         );
     };

@@ -51,6 +51,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
         R: Send + 'static,
         F: Fn(Accelerator<B>) -> Result<R, AccelerateError> + Send + Sync + 'static,
     {
+        // The devices given are the ranks (what `tp_size` divides), whatever `devices` says.
+        let config = AcceleratorConfig {
+            devices: devices.len(),
+            ..config
+        };
         config.validate()?;
         let timeout = std::time::Duration::from_secs_f64(config.collective_timeout_s);
         let results = afterburner_parallel::launch::<B::InnerBackend, _, AccelerateError, _>(

@@ -2,6 +2,7 @@
 //! backend, compared within that backend (so no CPU/GPU rounding difference enters).
 
 use afterburner::precision::PrecisionError;
+use afterburner::trainer::TrainLoss;
 use afterburner::{
     AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, NonFinitePolicy,
     Precision, StrategyConfig,
@@ -272,5 +273,53 @@ pub fn fsdp_equals_ddp<B: AutodiffBackend>(device: &B::Device) -> Result<String,
         "parameters after 2 steps, FSDP x2 vs DDP x2, max relative",
         max_rel(&fsdp, &ddp),
         1e-5,
+    )
+}
+
+/// Tensor parallelism (`tp_size = 2`, the demo transformer's plan: its blocks split over 2
+/// in-process workers on this device) trains as one device does: 2 SGD steps on the same
+/// tokens, the whole model gathered back. A backend stack whose float tensors are not Burn's
+/// `Autodiff` ones (`Autocast` recorded above it) must refuse by name.
+pub fn tensor_parallel_equals_one_device<B: AutodiffBackend>(
+    device: &B::Device,
+) -> Result<String, String> {
+    let train = |devices: usize| -> Result<Vec<f32>, String> {
+        let config = AcceleratorConfig {
+            strategy: StrategyConfig::Ddp,
+            tp_size: devices,
+            nonfinite_gradients: NonFinitePolicy::Error,
+            ..Default::default()
+        };
+        let initial = tiny_transformer::<B>(device, 11);
+        let tokens = token_batch::<B>(device);
+        let results =
+            Accelerator::<B>::launch(config, vec![device.clone(); devices], move |mut acc| {
+                let model = acc.parallelize(initial.clone())?;
+                let (mut model, mut optim) = acc.setup(model, SgdConfig::new().init())?;
+                for _ in 0..2 {
+                    let loss = model.train_loss(&acc, tokens.clone())?;
+                    acc.backward(loss, &model)?;
+                    model = acc.step(model, &mut optim, &mut 0.5)?;
+                }
+                Ok(flat_params(&acc.full_model(&model)?))
+            })
+            .map_err(text)?;
+        results
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no rank returned".to_string())
+    };
+    let single = train(1)?;
+    trained(&flat_params(&tiny_transformer::<B>(device, 11)), &single)?;
+    let split = match train(2) {
+        Err(e) if e.contains("collectives are its nodes") => {
+            return Ok(format!("not Burn's Autodiff here, refused by name: {e}"));
+        }
+        other => other?,
+    };
+    within(
+        "parameters after 2 steps, tp 2 vs one device, max relative",
+        max_rel(&split, &single),
+        1e-4,
     )
 }

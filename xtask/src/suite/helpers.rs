@@ -1,14 +1,16 @@
-//! What the checks share: a tiny model, batches of digits, and parameter / gradient readers.
+//! What the checks share: tiny models, batches of digits and tokens, and parameter / gradient
+//! readers.
 
 use afterburner::{AccelerateError, Accelerator};
-use afterburner_demos::models::{Vit, VitConfig};
+use afterburner_demos::models::{Transformer, TransformerConfig, Vit, VitConfig};
+use afterburner_demos::text::TokenBatch;
 use afterburner_demos::{ImageBatch, ImageBatcher, digits};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 
 /// The 8x8 one-channel digits.
 pub const BATCHER: ImageBatcher = ImageBatcher {
@@ -58,6 +60,31 @@ pub fn logits<B: AutodiffBackend>(
     batch: &ImageBatch<B>,
 ) -> Result<Tensor<B, 2>, AccelerateError> {
     acc.forward(model, batch.images.clone(), |m, x| m.forward(x))
+}
+
+/// A 2-block demo transformer (d 16, 4 heads, 11 tokens) seeded with `seed`, every lazy
+/// parameter initialised (so clones of it hold the same values).
+pub fn tiny_transformer<B: AutodiffBackend>(device: &B::Device, seed: u64) -> Transformer<B> {
+    B::seed(device, seed);
+    let model = TransformerConfig::new()
+        .with_vocab_size(11)
+        .with_d_model(16)
+        .with_n_heads(4)
+        .with_n_layers(2)
+        .with_max_seq_len(8)
+        .init::<B>(device);
+    let _ = model.forward(Tensor::zeros([1, 8], device));
+    model
+}
+
+/// 4 sequences of 8 tokens (a fixed pattern) and their next tokens, for [`tiny_transformer`].
+pub fn token_batch<B: AutodiffBackend>(device: &B::Device) -> TokenBatch<B> {
+    let tokens: Vec<i64> = (0..4 * 9).map(|i| (i * 7 + 3) % 11).collect();
+    let all = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [4, 9]), device);
+    TokenBatch {
+        inputs: all.clone().narrow(1, 0, 8),
+        targets: all.narrow(1, 1, 8),
+    }
 }
 
 /// Every float parameter's values in f32, flattened in visit order.

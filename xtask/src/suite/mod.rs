@@ -25,6 +25,7 @@ pub const CHECK_NAMES: &[&str] = &[
     "checkpointed_gradients_equal_plain",
     "ddp_two_workers_equal_one_device",
     "fsdp_equals_ddp",
+    "tensor_parallel_equals_one_device",
 ];
 
 /// One named check of the suite.
@@ -65,6 +66,10 @@ pub fn checks<B: AutodiffBackend>() -> Vec<Check<B>> {
         Check {
             name: "fsdp_equals_ddp",
             run: checks::fsdp_equals_ddp::<B>,
+        },
+        Check {
+            name: "tensor_parallel_equals_one_device",
+            run: checks::tensor_parallel_equals_one_device::<B>,
         },
     ]
 }
