@@ -10,12 +10,14 @@ mod report;
 mod runner;
 
 use std::process::Command;
+use xtask::suite;
 
 /// The command line.
 pub const USAGE: &str =
-    "usage: cargo xtask gpu-check [--dry-run] [--quick] [--out DIR] [--backend B]
+    "usage: cargo xtask gpu-check [--dry-run] [--quick] [--only CHECKS] [--out DIR] [--backend B]
   --dry-run    list what it would run and check that a CUDA device is there; run nothing
   --quick      the bench presets with tiny step counts (as CI runs them on flex)
+  --only C,..  only these checks of the backend suite (no all-reduce, no presets)
   --out DIR    where the report goes (default bench-results/gpu-check)
   --backend B  cuda (default), or flex / wgpu to try the same run without a GPU
 exit codes: 0 every check passed, 1 a check or preset failed (or the run crashed), 2 bad
@@ -65,6 +67,8 @@ pub struct Options {
     pub out: String,
     /// The backend: "cuda", or "flex" / "wgpu" (the same run without an NVIDIA GPU).
     pub backend: String,
+    /// Only these checks of the suite, and neither the all-reduce nor the presets.
+    pub only: Option<Vec<String>>,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -73,6 +77,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         quick: false,
         out: "bench-results/gpu-check".into(),
         backend: "cuda".into(),
+        only: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -90,6 +95,22 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .next()
                     .ok_or_else(|| "--backend needs a name".to_string())?
                     .clone()
+            }
+            "--only" => {
+                let names = it
+                    .next()
+                    .ok_or_else(|| "--only needs check names".to_string())?;
+                let names: Vec<String> = names.split(',').map(|n| n.trim().to_string()).collect();
+                if let Some(bad) = names
+                    .iter()
+                    .find(|n| !suite::CHECK_NAMES.contains(&n.as_str()))
+                {
+                    return Err(format!(
+                        "--only {bad}: no such check (the checks: {})",
+                        suite::CHECK_NAMES.join(", ")
+                    ));
+                }
+                o.only = Some(names);
             }
             other => return Err(format!("unknown option {other}")),
         }

@@ -31,7 +31,16 @@ pub fn run_on<I: Backend>(options: &Options) -> Exit {
     };
     println!("gpu-check: {backend_name}; dtypes {dtypes:?}");
     let mut checks = Vec::new();
+    let chosen = |name: &str| {
+        options
+            .only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| o == name))
+    };
     for check in suite::checks::<Autodiff<I>>() {
+        if !chosen(check.name) {
+            continue;
+        }
         let outcome = suite::run_check(&check, &device);
         println!(
             "gpu-check: {} {} ({:.1} s): {}",
@@ -42,10 +51,13 @@ pub fn run_on<I: Backend>(options: &Options) -> Exit {
         );
         checks.push(outcome);
     }
-    let all_reduce = catch_unwind(AssertUnwindSafe(|| {
-        bench::bandwidth::all_reduce::<I>(64, 10)
-    }))
-    .unwrap_or_else(|_| Err("panicked (see the message above)".into()));
+    let all_reduce = match options.only {
+        Some(_) => Err("not run (--only)".to_string()),
+        None => catch_unwind(AssertUnwindSafe(|| {
+            bench::bandwidth::all_reduce::<I>(64, 10)
+        }))
+        .unwrap_or_else(|_| Err("panicked (see the message above)".into())),
+    };
     println!("gpu-check: all-reduce {all_reduce:?}");
     let bench_options = bench::Options {
         backend: options.backend.clone(),
@@ -58,9 +70,12 @@ pub fn run_on<I: Backend>(options: &Options) -> Exit {
         preset: Some("all".into()),
         quick: options.quick,
     };
-    let presets = catch_unwind(AssertUnwindSafe(|| {
-        bench::presets::rows::<I>(&bench_options)
-    }));
+    let presets = match options.only {
+        Some(_) => Ok(Ok(Vec::new())),
+        None => catch_unwind(AssertUnwindSafe(|| {
+            bench::presets::rows::<I>(&bench_options)
+        })),
+    };
     let (presets, presets_error) = match presets {
         Ok(Ok(rows)) => (rows, None),
         Ok(Err(e)) => (Vec::new(), Some(e)),
