@@ -472,8 +472,8 @@ fn sigterm_to_the_launcher_stops_every_worker_with_the_graceful_save() {
 #[test]
 fn the_launcher_runs_tensor_parallel_workers_and_restarts_them_together() {
     // lm_char's blocks split over 2 processes (`--tp-size 2`, the ranks meeting at the
-    // launcher): 4 steps, a checkpoint at step 2; rank 1 killed once it is written: both
-    // restart (policy `all`, from `--strategy ddp`), resume from it and finish.
+    // launcher): 8 steps, a checkpoint every 2; rank 1 killed once the first is written: both
+    // restart (policy `all`, from `--strategy ddp`), resume from the newest and finish.
     let out = fresh("tp");
     let lm = example("lm_char");
     let trainer = [
@@ -482,7 +482,7 @@ fn the_launcher_runs_tensor_parallel_workers_and_restarts_them_together() {
         "--tp-size",
         "2",
         "--max-steps",
-        "4",
+        "8",
         "--save-steps",
         "2",
         "--save-strategy",
@@ -526,7 +526,7 @@ fn the_launcher_runs_tensor_parallel_workers_and_restarts_them_together() {
     assert_eq!(code, 0, "the launcher's exit code");
     assert!(killer.join().unwrap(), "rank 1 was killed once");
     assert!(
-        out.join("checkpoint-4").is_dir(),
+        out.join("checkpoint-8").is_dir(),
         "the run finished after the restart"
     );
     std::fs::remove_dir_all(&out).ok();
