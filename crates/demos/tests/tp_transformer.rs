@@ -1,6 +1,7 @@
 //! The demo transformer under its tensor-parallel plan at tp = 2 and 4 (threads on the CPU):
-//! logits, and every parameter after 5 AdamW steps (gathered back with `full_model`), equal
-//! to one device within 1e-6 relative at 32-bit; each rank keeps 1 / tp of the split layers.
+//! logits, every gradient of the first step and every parameter after 5 AdamW steps (gathered
+//! back with `full_model`), equal to one device within 1e-6 relative at 32-bit; each rank keeps
+//! 1 / tp of the split layers.
 
 mod common;
 
@@ -9,7 +10,7 @@ use afterburner::parallel::tp::{TensorParallel, TensorParallelPlan};
 use afterburner::parallel::{LaunchConfig, ParallelError, flat_params, launch, local_devices};
 use afterburner_demos::models::Transformer;
 use burn::backend::{Autodiff, Flex};
-use burn::module::Module;
+use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{Int, Tensor};
 use common::{relative, small_transformer};
@@ -34,21 +35,50 @@ fn all_params(model: &Transformer<B>) -> Vec<f32> {
         .unwrap()
 }
 
-fn one_device(model: Transformer<B>, tokens: Tensor<B, 2, Int>) -> (Vec<f32>, Transformer<B>) {
+/// `model` with each parameter's value replaced by its gradient in `grads` (zeros where it
+/// has none): gradients gathered and compared as a model's parameters are.
+fn gradients_as_model(model: &Transformer<B>, grads: &GradientsParams) -> Transformer<B> {
+    struct Swap<'a>(&'a GradientsParams);
+    impl ModuleMapper<B> for Swap<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, value, mapper) = param.consume();
+            let grad = match self.0.get::<Flex, D>(id) {
+                Some(grad) => Tensor::from_inner(grad),
+                None => value.zeros_like(),
+            };
+            Param::from_mapped_value(id, grad, mapper)
+        }
+    }
+    model.clone().map(&mut Swap(grads))
+}
+
+/// The first logits and gradients, and the model after `STEPS` steps, on one device.
+fn one_device(
+    model: Transformer<B>,
+    tokens: Tensor<B, 2, Int>,
+) -> (Vec<f32>, Vec<f32>, Transformer<B>) {
     let (mut model, mut optim, mut first) = (model, AdamWConfig::new().init(), None);
     for _ in 0..STEPS {
         let logits = model.forward(tokens.clone());
-        first.get_or_insert_with(|| values(logits.clone()));
+        let logits_values = values(logits.clone());
         let grads = GradientsParams::from_grads(loss(logits).backward(), &model);
+        first.get_or_insert_with(|| {
+            (
+                logits_values,
+                all_params(&gradients_as_model(&model, &grads)),
+            )
+        });
         model = optim.step(LR, model, grads);
     }
-    (first.unwrap(), model)
+    let (logits, grads) = first.unwrap();
+    (logits, grads, model)
 }
 
-/// One rank after `STEPS` steps: its first logits, its part of the model, the whole model
-/// gathered back, the values it sent.
+/// One rank after `STEPS` steps: its first logits and gradients (gathered whole), its part of
+/// the model, the whole model gathered back, the values its layers sent.
 struct Rank {
     logits: Vec<f32>,
+    grads: Vec<f32>,
     part: Transformer<B>,
     whole: Transformer<B>,
     sent: u64,
@@ -72,18 +102,28 @@ fn tensor_parallel(
                 AdamWConfig::new().init(),
                 None,
             );
+            let mut gathered = 0;
             for _ in 0..STEPS {
                 // The same forward as the plain model's: the split layers run their collectives.
                 let logits = with_policy(policy, || model.forward(tokens.clone()));
-                first.get_or_insert_with(|| values(logits.clone()));
+                let logits_values = values(logits.clone());
                 let grads = GradientsParams::from_grads(loss(logits).backward(), &model);
                 tp.check()?;
+                if first.is_none() {
+                    // The split gradients gathered as parameters are (not the layers' traffic).
+                    let before = tp.values_sent();
+                    let whole = tp.full_model(&gradients_as_model(&model, &grads))?;
+                    gathered = tp.values_sent() - before;
+                    first = Some((logits_values, all_params(&whole)));
+                }
                 model = optim.step(LR, model, grads);
             }
-            let sent = tp.values_sent();
+            let sent = tp.values_sent() - gathered;
             let whole = tp.full_model(&model)?;
+            let (logits, grads) = first.unwrap();
             Ok::<_, ParallelError>(Rank {
-                logits: first.unwrap(),
+                logits,
+                grads,
                 part: model,
                 whole,
                 sent,
@@ -96,13 +136,22 @@ fn tensor_parallel(
 #[test]
 fn the_demo_transformer_at_tp_2_and_4_trains_as_on_one_device() {
     let (model, tokens) = small_transformer::<B>(5);
-    let (logits, trained) = one_device(model.clone(), tokens.clone());
+    let (logits, grads, trained) = one_device(model.clone(), tokens.clone());
     let expected = all_params(&trained);
     for tp in [2, 4] {
         let ranks = tensor_parallel(model.clone(), tokens.clone(), tp, CheckpointPolicy::None);
         for (rank, r) in ranks.iter().enumerate() {
             let error = relative(&r.logits, &logits);
             assert!(error < 1e-6, "tp {tp}: the logits differ by {error:e}");
+            let error = relative(&r.grads, &grads);
+            let params_error = relative(&all_params(&r.whole), &expected);
+            println!(
+                "tp {tp}, rank {rank}: first gradients {error:e}, parameters after {STEPS} AdamW steps {params_error:e} from one device"
+            );
+            assert!(
+                error < 1e-6,
+                "tp {tp}, rank {rank}: the first gradients differ by {error:e} (relative)"
+            );
             let error = relative(&all_params(&r.whole), &expected);
             assert!(
                 error < 1e-6,
@@ -142,8 +191,7 @@ fn checkpointed_tp_blocks_train_bitwise_as_kept_ones() {
     let recomputed = tensor_parallel(model, tokens, 2, CheckpointPolicy::All);
     for (a, b) in kept.iter().zip(&recomputed) {
         assert_eq!(all_params(&a.part), all_params(&b.part));
-        // The recompute ran each block's forward all-reduces again (the gathers of
-        // full_model come after the count).
+        // The recompute ran each block's forward all-reduces again.
         assert!(b.sent > a.sent, "{} vs {}", b.sent, a.sent);
     }
 }
