@@ -37,6 +37,20 @@ pub enum LaunchError {
         /// What happened to the others.
         then: String,
     },
+    /// Under the `replica` policy a worker failed after every other replica of this launch had
+    /// finished: a restart would find no live replica to heal it from.
+    #[error(
+        "{failure} after every other replica had finished: no live replica is left to heal it \
+         from, so it is not started again (the others' results stand; its last state is its \
+         newest checkpoint){}",
+        last_lines(.last_output)
+    )]
+    NoLiveReplica {
+        /// The failure.
+        failure: String,
+        /// The failed worker's last lines of output.
+        last_output: Vec<String>,
+    },
     /// A worker failed after `--max-restarts` restarts.
     #[error(
         "{failure} and --max-restarts {max_restarts} is used up{}",

@@ -115,7 +115,9 @@ fn restart_all(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchError>
 
 /// The `replica` policy: the lighthouse runs for the whole launch; a dead worker alone is
 /// started again (it joins and is healed from a live replica), up to `--max-restarts` times
-/// in all; a worker that succeeds is done.
+/// in all; a worker that succeeds is done. On one node, a worker that fails once every other
+/// has finished is not started again (no live replica could heal it): the launch fails naming
+/// it.
 fn restart_replicas(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchError> {
     let server = serve(args, RestartPolicy::Replica, &args.rdzv, false)?;
     let address = match &server {
@@ -138,6 +140,17 @@ fn restart_replicas(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchE
             }
             let rank = workers[local].rank;
             let message = format!("rank {rank} {}", describe(status));
+            if args.nnodes == 1 && !others_running(&mut workers, local) {
+                // Every other replica has finished (or failed for good): a restarted one
+                // would find no live replica to heal from and fail again, restart after
+                // restart.
+                let last_output = workers[local].last_output();
+                end_all(&mut workers, FAIL_GRACE);
+                return Err(LaunchError::NoLiveReplica {
+                    failure: message,
+                    last_output,
+                });
+            }
             if restarts == args.max_restarts {
                 let last_output = workers[local].last_output();
                 end_all(&mut workers, FAIL_GRACE);
@@ -169,6 +182,11 @@ fn restart_replicas(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchE
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// Whether a worker other than `local` still runs (one that can donate its state).
+fn others_running(workers: &mut [Worker], local: usize) -> bool {
+    (0..workers.len()).any(|other| other != local && workers[other].running())
 }
 
 /// Node 0 serves the lighthouse at `address` for the launch's workers (on a restart, retrying

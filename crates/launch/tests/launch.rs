@@ -133,6 +133,34 @@ fn under_the_replica_policy_only_the_dead_worker_starts_again() {
 }
 
 #[test]
+fn under_the_replica_policy_a_failure_after_the_others_finished_is_not_restarted() {
+    // Rank 0 finishes at once; rank 1 fails a second later: no live replica could heal it.
+    let mut args = vec![
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "5",
+        "--restart-policy",
+        "replica",
+    ];
+    args.extend(sh(
+        "if [ \"$RANK\" = 1 ]; then sleep 1; echo dying >&2; exit 7; fi",
+    ));
+    let out = run(&args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rank 1 exited with code 7 after every other replica had finished"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("dying"),
+        "its last output is shown: {stderr}"
+    );
+    assert!(!stderr.contains("starting it again"), "{stderr}");
+}
+
+#[test]
 fn the_strategy_chooses_the_policy() {
     let mut args = vec!["--nproc", "1"];
     args.extend(sh("echo \"policy $AFTERBURNER_RESTART_POLICY\""));
