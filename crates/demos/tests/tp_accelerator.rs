@@ -20,7 +20,7 @@ use burn::data::dataset::{Dataset, InMemDataset};
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
-use common::relative;
+use common::{norm_relative, relative};
 
 type B = Autodiff<Flex>;
 const LR: f64 = 1e-3;
@@ -254,14 +254,6 @@ fn a_state_saved_at_tp_4_loads_at_tp_2_and_on_one_device_exactly() -> Result<(),
     assert!(error < 1e-6, "{error:e}");
     std::fs::remove_dir_all(&root).unwrap();
     Ok(())
-}
-
-/// The norm of the difference relative to the norm of `expected` (AdamW's sign-like updates
-/// make the largest element difference noise at half precision; the norm is the measure).
-fn norm_relative(actual: &[f32], expected: &[f32]) -> f32 {
-    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| x * x).sum::<f32>().sqrt();
-    let diff = norm(&mut actual.iter().zip(expected).map(|(a, b)| a - b));
-    diff / norm(&mut expected.iter().copied()).max(1e-12)
 }
 
 #[test]

@@ -13,7 +13,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{DType, Int, Tensor};
-use common::small_transformer;
+use common::{norm_relative, small_transformer};
 
 type I = Autocast<Flex>;
 type B = Autodiff<I>;
@@ -87,25 +87,15 @@ fn tensor_parallel(model: Transformer<B>, tokens: Tensor<B, 2, Int>, tp: usize) 
     (logits, values(fc1), values(fc2))
 }
 
-/// The norm of the difference relative to the norm of `expected` (AdamW's sign-like updates
-/// turn any difference of a near-zero gradient into a step of up to the learning rate, so the
-/// largest element difference is noise; the norm is the measure).
-fn relative(actual: &[f32], expected: &[f32]) -> f32 {
-    assert_eq!(actual.len(), expected.len());
-    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| x * x).sum::<f32>().sqrt();
-    let diff = norm(&mut actual.iter().zip(expected).map(|(a, b)| a - b));
-    diff / norm(&mut expected.iter().copied()).max(1e-12)
-}
-
 #[test]
 fn tp_at_bf16_mixed_differs_from_one_device_no_more_than_bf16_from_f32() {
     let (model, tokens) = small_transformer::<B>(5);
     let full = one_device(model.clone(), tokens.clone(), DType::F32);
     let half = one_device(model.clone(), tokens.clone(), DType::BF16);
     let own = [
-        relative(&half.0, &full.0),
-        relative(&half.1, &full.1),
-        relative(&half.2, &full.2),
+        norm_relative(&half.0, &full.0),
+        norm_relative(&half.1, &full.1),
+        norm_relative(&half.2, &full.2),
     ];
     assert!(
         own.iter().all(|e| *e > 0.0),
@@ -114,9 +104,9 @@ fn tp_at_bf16_mixed_differs_from_one_device_no_more_than_bf16_from_f32() {
     for tp in [2, 4] {
         let split = tensor_parallel(model.clone(), tokens.clone(), tp);
         let of_tp = [
-            relative(&split.0, &half.0),
-            relative(&split.1, &half.1),
-            relative(&split.2, &half.2),
+            norm_relative(&split.0, &half.0),
+            norm_relative(&split.1, &half.1),
+            norm_relative(&split.2, &half.2),
         ];
         eprintln!("tp {tp}: TP vs one device at bf16 {of_tp:?}, bf16 vs 32-true {own:?}");
         for ((what, tp_error), own_error) in ["logits", "fc1", "fc2"].iter().zip(of_tp).zip(own) {

@@ -107,6 +107,24 @@ fn tensor_parallel(mlp: Mlp<B>, x: Tensor<B, 2>, tp: usize) -> Vec<Rank> {
     .unwrap()
 }
 
+/// An 8 -> 16 -> 8 MLP seeded with `seed`, every parameter read once (Burn initialises them
+/// lazily and separately per clone: read here, before the ranks clone it, all hold the same).
+fn seeded_mlp(seed: u64) -> Mlp<B> {
+    let device = Default::default();
+    <Flex as Backend>::seed(&device, seed);
+    let mlp = Mlp {
+        up: LinearConfig::new(8, 16).init::<B>(&device),
+        down: LinearConfig::new(16, 8).init::<B>(&device),
+    };
+    // Weights, then biases: the order the draws are made in.
+    let _ = (mlp.up.weight.val(), mlp.down.weight.val());
+    let _ = (
+        mlp.up.bias.as_ref().map(|b| b.val()),
+        mlp.down.bias.as_ref().map(|b| b.val()),
+    );
+    mlp
+}
+
 /// Largest difference relative to the largest value of `expected`.
 fn relative(actual: &[f32], expected: &[f32]) -> f32 {
     assert_eq!(actual.len(), expected.len());
@@ -121,17 +139,7 @@ fn relative(actual: &[f32], expected: &[f32]) -> f32 {
 #[test]
 fn an_mlp_split_over_2_and_4_ranks_trains_as_on_one_device() {
     let device = Default::default();
-    <Flex as Backend>::seed(&Default::default(), 7);
-    let mlp = Mlp {
-        up: LinearConfig::new(8, 16).init::<B>(&device),
-        down: LinearConfig::new(16, 8).init::<B>(&device),
-    };
-    // Burn initialises parameters lazily: once here, before the clones, so all hold the same.
-    let _ = (mlp.up.weight.val(), mlp.down.weight.val());
-    let _ = (
-        mlp.up.bias.as_ref().map(|b| b.val()),
-        mlp.down.bias.as_ref().map(|b| b.val()),
-    );
+    let mlp = seeded_mlp(7);
     // Tracked, as an activation inside a model is: its gradient is summed over the ranks.
     let x = Tensor::<B, 2>::random([4, 8], Distribution::Normal(0.0, 1.0), &device).require_grad();
     let (output, expected) = one_device(mlp.clone(), x.clone());
@@ -309,16 +317,7 @@ fn attention_with_its_heads_split_over_2_and_4_ranks_trains_as_on_one_device() {
 #[test]
 fn dp_2_by_tp_2_trains_as_on_one_device() {
     let device = Default::default();
-    <Flex as Backend>::seed(&Default::default(), 13);
-    let mlp = Mlp {
-        up: LinearConfig::new(8, 16).init::<B>(&device),
-        down: LinearConfig::new(16, 8).init::<B>(&device),
-    };
-    let _ = (mlp.up.weight.val(), mlp.down.weight.val());
-    let _ = (
-        mlp.up.bias.as_ref().map(|b| b.val()),
-        mlp.down.bias.as_ref().map(|b| b.val()),
-    );
+    let mlp = seeded_mlp(13);
     // 8 rows: each data-parallel rank takes 4 (its tensor-parallel pair the same 4).
     let x = Tensor::<B, 2>::random([8, 8], Distribution::Normal(0.0, 1.0), &device);
     let (_, expected) = one_device(mlp.clone(), x.clone());

@@ -16,6 +16,17 @@ pub fn relative(actual: &[f32], expected: &[f32]) -> f32 {
     diff / scale
 }
 
+/// The norm of the difference relative to the norm of `expected` (AdamW's sign-like updates
+/// turn any difference of a near-zero gradient into a step of up to the learning rate, so at
+/// half precision the largest element difference is noise; the norm is the measure).
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn norm_relative(actual: &[f32], expected: &[f32]) -> f32 {
+    assert_eq!(actual.len(), expected.len());
+    let norm = |v: &mut dyn Iterator<Item = f32>| v.map(|x| x * x).sum::<f32>().sqrt();
+    let diff = norm(&mut actual.iter().zip(expected).map(|(a, b)| a - b));
+    diff / norm(&mut expected.iter().copied()).max(1e-12)
+}
+
 /// A 2-block transformer (d 16, 4 heads, 11 tokens) seeded with `seed`, and a batch of 2 x 6
 /// tokens. One forward has read every lazily initialised parameter, so clones of the model
 /// (one per rank) hold the same values.

@@ -4,8 +4,8 @@
 
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
 
 use super::{Inner, TensorParallel, TensorParallelPlan};
 use crate::mesh::mesh_of;
@@ -85,6 +85,20 @@ where
             dp_size,
             sharded_state,
         })
+    }
+
+    /// The sum over the whole mesh of this rank's `parts` (squared norms): over the row, in
+    /// one all-reduce, then over the rows as the data-parallel strategy sums.
+    fn over_the_mesh(&self, parts: [f64; 2], device: &B::Device) -> Result<f64, ParallelError> {
+        let parts = Tensor::<Inner<B>, 1>::from_floats(parts.map(|p| p as f32), device);
+        let sums: Vec<f32> = self
+            .tp
+            .group_all_reduce(parts, ReduceOp::Sum)?
+            .into_data()
+            .to_vec()
+            .map_err(|e| ParallelError::Record(format!("reading the norm: {e:?}")))?;
+        let row = sums.iter().map(|s| f64::from(*s)).sum();
+        across_rows!(&self.data, s => ParallelStrategy::<B>::global_squared_norm(s, row, device), Ok(row))
     }
 
     /// This rank's tensor-parallel handle (its row's group).
@@ -175,11 +189,7 @@ where
     }
 
     fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {
-        let parts = Tensor::<Inner<B>, 1>::from_floats([local as f32], device);
-        let row = self.tp.group_all_reduce(parts, ReduceOp::Sum)?;
-        let row: f32 = row.into_scalar().elem();
-        let row = f64::from(row);
-        across_rows!(&self.data, s => ParallelStrategy::<B>::global_squared_norm(s, row, device), Ok(row))
+        self.over_the_mesh([local, 0.0], device)
     }
 
     /// The split parameters' squares summed over the row; the replicated ones, alike on
@@ -198,15 +208,7 @@ where
             0 => local - split,
             _ => 0.0,
         };
-        let parts = Tensor::<Inner<B>, 1>::from_floats([split as f32, replicated as f32], device);
-        let sums: Vec<f32> = self
-            .tp
-            .group_all_reduce(parts, ReduceOp::Sum)?
-            .into_data()
-            .to_vec()
-            .map_err(|e| ParallelError::Record(format!("reading the norm: {e:?}")))?;
-        let row = f64::from(sums[0]) + f64::from(sums[1]);
-        across_rows!(&self.data, s => ParallelStrategy::<B>::global_squared_norm(s, row, device), Ok(row))
+        self.over_the_mesh([split, replicated], device)
     }
 
     fn before_optimizer_step<M: AutodiffModule<B>>(

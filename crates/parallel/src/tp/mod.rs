@@ -233,17 +233,7 @@ impl<G> TensorParallel<G> {
             None => value,
             Some(split) => {
                 self.register(id.serialize(), split);
-                let dims = value.dims();
-                let outer = dims[..split.dim].iter().product();
-                let inner = dims[split.dim + 1..].iter().product();
-                let part = split.part(
-                    value.reshape([outer, dims[split.dim], inner]),
-                    self.rank,
-                    self.size,
-                );
-                let mut out = dims;
-                out[split.dim] /= self.size;
-                part.reshape(out)
+                split.part_of(value, self.rank, self.size)
             }
         };
         // A fresh leaf: ranks on threads that kept the clones' shared leaves would share one

@@ -21,13 +21,21 @@ pub(crate) struct ParamSplit {
 }
 
 impl ParamSplit {
-    /// This rank's part of `full` (viewed `[outer, dims[dim], inner]`).
-    pub(crate) fn part<I: Backend>(
+    /// This rank's part of `full` (of any rank: the split dimension shrinks by `size`).
+    pub(crate) fn part_of<I: Backend, const D: usize>(
         self,
-        full: Tensor<I, 3>,
+        full: Tensor<I, D>,
         rank: usize,
         size: usize,
-    ) -> Tensor<I, 3> {
+    ) -> Tensor<I, D> {
+        let mut dims = full.dims();
+        let part = self.part(full.reshape(self.view(&dims)), rank, size);
+        dims[self.dim] /= size;
+        part.reshape(dims)
+    }
+
+    /// This rank's part of `full` (viewed `[outer, dims[dim], inner]`).
+    fn part<I: Backend>(self, full: Tensor<I, 3>, rank: usize, size: usize) -> Tensor<I, 3> {
         let width = full.dims()[1] / self.chunks;
         let part = width / size;
         let blocks = (0..self.chunks)
@@ -80,7 +88,11 @@ impl<G> TensorParallel<G> {
 
     /// Whether a plan split any layer with this handle.
     pub fn has_split(&self) -> bool {
-        !self.splits_by_id().is_empty()
+        !self
+            .splits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
     }
 
     fn splits_by_id(&self) -> HashMap<String, ParamSplit> {
@@ -155,10 +167,8 @@ impl<G> TensorParallel<G> {
         let part = split.part(values.reshape(split.view(shape)), self.rank, self.size);
         let mut part_shape = shape.to_vec();
         part_shape[split.dim] /= self.size;
-        Ok((
-            part.reshape([part_shape.iter().product::<usize>()]),
-            part_shape,
-        ))
+        let len = part_shape.iter().product::<usize>();
+        Ok((part.reshape([len]), part_shape))
     }
 
     /// The whole model from this rank's split one: every split parameter gathered from the tp
@@ -268,19 +278,18 @@ impl<G> TensorParallel<G> {
         M: AutodiffModule<B>,
         G: ProcessGroup<Inner<B>>,
     {
-        let splits = self.splits_of(model);
-        record.check_params(&crate::param_positions(model))?;
-        record.map_tensors(
-            &crate::param_positions(model),
-            |position, values, shape| match splits[position] {
+        let (splits, positions) = (self.splits_of(model), crate::param_positions(model));
+        record.check_params(&positions)?;
+        record.map_tensors(&positions, |position, values, shape| {
+            match splits[position] {
                 Some(split) if shape.len() > split.dim => {
                     let local = Tensor::<Inner<B>, 1>::from_floats(values.as_slice(), device);
                     let (full, shape) = self.gather_values(split, local, &shape)?;
                     Ok((to_vec(full)?, shape))
                 }
                 _ => Ok((values, shape)),
-            },
-        )
+            }
+        })
     }
 
     /// This rank's optimizer record from a full one, for `full` (the whole model holding the
