@@ -284,3 +284,56 @@ fn dropping_an_iterator_mid_epoch_stops_its_thread() {
     assert!((2..=7).contains(&n), "{n} batches made");
     assert_eq!(Arc::strong_count(&made), 1, "the prefetch thread let go");
 }
+
+/// Issue 41: a ragged item reaching the batcher in a user's own loop ends the epoch there and
+/// the Accelerator's next call returns a named error (on either loader thread); `try_next`
+/// gives the error directly. No panic reaches the user.
+#[test]
+fn a_ragged_item_in_a_users_loop_is_a_named_error() {
+    let _rng = rng_lock();
+    let mut items = digits::load().unwrap().items()[..24].to_vec();
+    items[5].pixels.truncate(60); // 60 values, not 1x8x8
+    for depth in [0, 2] {
+        let mut acc =
+            Accelerator::<B>::new(AcceleratorConfig::default(), Default::default()).unwrap();
+        let (mut model, mut optim) = acc.setup(vit(1), AdamConfig::new().init()).unwrap();
+        let loader = acc
+            .dataloader(InMemDataset::new(items.clone()), BATCHER, 8)
+            .unwrap()
+            .prefetch(depth);
+        let mut trained = 0;
+        for batch in loader.epoch(0) {
+            let logits = acc
+                .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+                .unwrap();
+            acc.backward(cross_entropy(logits, &batch), &model).unwrap();
+            model = acc.step(model, &mut optim, &mut 1e-3).unwrap();
+            trained += 1;
+        }
+        assert!(trained < 3, "the epoch stopped at the ragged batch");
+        let err = acc.finish(model.clone()).unwrap_err();
+        assert!(
+            matches!(err, afterburner::AccelerateError::BadData(_)),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("60 values, not 1x8x8"), "{message}");
+        assert!(message.contains("epoch 0, batch"), "{message}");
+        // Reported once: the Accelerator goes on (a save, another epoch) after it.
+        acc.finish(model.clone()).unwrap();
+
+        let mut batches = loader.epoch(0);
+        let err = loop {
+            match batches.try_next() {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("depth {depth}: the ragged batch was not reported"),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.to_string().contains("60 values"), "{err}");
+        assert!(
+            matches!(batches.try_next(), Ok(None)),
+            "the epoch ends there"
+        );
+    }
+}

@@ -206,3 +206,62 @@ fn sharded_checkpoints_rotate_and_load() {
     }
     std::fs::remove_dir_all(root).ok();
 }
+
+/// A model of another type (the checkpoints of another run, or this model before a field was
+/// renamed) in the same project.
+#[derive(burn::module::Module, Debug)]
+struct OtherModel<B: burn::tensor::backend::Backend> {
+    renamed: burn::nn::Linear<B>,
+}
+
+/// Issue 41: a checkpoint that decodes as another model's is a named error, never damage: no
+/// silent fall back to an older checkpoint, nothing renamed aside.
+#[test]
+fn another_models_checkpoint_is_named_not_damaged_nor_set_aside() {
+    let _rng = rng_lock();
+    let root = project("other-model");
+    let checkpoints = root.join("checkpoints");
+    let acc = Accelerator::<B>::new(config(&root, 3), Default::default()).unwrap();
+    let mut optim: Optim = SgdConfig::new().init();
+    let (mut model, mut epoch) = (vit(7), 1u32);
+    acc.save_checkpoint(&parts(&mut model, &mut optim, &mut epoch))
+        .unwrap();
+    let mut other = OtherModel {
+        renamed: burn::nn::LinearConfig::new(4, 2).init::<B>(&Default::default()),
+    };
+    let mut other_optim = SgdConfig::new().init::<B, OtherModel<B>>();
+    let mut other_epoch = 2u32;
+    let other_parts = StateParts::new()
+        .model("model", &mut other)
+        .optimizer::<OtherModel<B>, _>("optimizer", &mut other_optim)
+        .serde("epoch", &mut other_epoch);
+    let newest = acc.save_checkpoint(&other_parts).unwrap();
+
+    let mut acc = Accelerator::<B>::new(config(&root, 3), Default::default()).unwrap();
+    let mut model = vit(8);
+    let before = flatten(&params(&model));
+    let mut epoch = 1000;
+    let err = acc
+        .load_checkpoint(&mut parts(&mut model, &mut optim, &mut epoch))
+        .unwrap_err();
+    assert!(matches!(err, AccelerateError::Mismatched { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("checkpoint_1") && message.contains("model.mpk"),
+        "{message}"
+    );
+    assert!(message.contains("different model"), "{message}");
+    assert!(message.contains("missing field"), "{message}");
+    assert!(!message.contains("corrupt"), "{message}");
+    // Nothing loaded, nothing fallen back to, nothing set aside.
+    assert_eq!(epoch, 1000);
+    assert!(flatten(&params(&model)) == before);
+    assert_eq!(names(&checkpoints), ["checkpoint_0", "checkpoint_1"]);
+    assert!(newest.join("model.mpk").exists());
+    // load_parts on that directory says the same.
+    let err = acc
+        .load_parts(&newest, &mut parts(&mut model, &mut optim, &mut epoch))
+        .unwrap_err();
+    assert!(matches!(err, AccelerateError::Mismatched { .. }), "{err:?}");
+    std::fs::remove_dir_all(root).ok();
+}

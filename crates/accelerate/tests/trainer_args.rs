@@ -223,6 +223,65 @@ fn nan_in_a_toml_file_is_named_not_a_type_error() {
     }
 }
 
+/// Issue 41: nan in a strategy's table is named too (JSON would read it as null: a type
+/// error, or an option silently unset).
+#[test]
+fn nan_in_a_nested_toml_table_is_named() {
+    for (key, text) in [
+        (
+            "strategy.diloco.outer_lr",
+            "[strategy.diloco]\nouter_lr = nan\n",
+        ),
+        (
+            "strategy.diloco.mixing",
+            "[strategy.diloco]\nmixing = nan\n",
+        ),
+        (
+            "strategy.diloco.mixing",
+            "[strategy.diloco]\nmixing = -inf\n",
+        ),
+    ] {
+        let err = error_of(TrainingArguments::from_toml(text));
+        assert!(
+            err.contains(key) && err.contains("NaN and inf are not allowed"),
+            "{text}: {err}"
+        );
+    }
+}
+
+/// Issue 41: a JSON argument file is one object whose keys appear once.
+#[test]
+fn a_json_file_repeating_a_key_or_holding_an_array_is_named() {
+    let twice = error_of(TrainingArguments::from_json(
+        r#"{"learning_rate": 1e-3, "learning_rate": 5e-5}"#,
+    ));
+    assert!(
+        twice.contains("learning_rate") && twice.contains("twice"),
+        "{twice}"
+    );
+    let nested = error_of(TrainingArguments::from_json(
+        r#"{"strategy": {"diloco": {"outer_lr": 0.7, "outer_lr": 0.5}}}"#,
+    ));
+    assert!(
+        nested.contains("outer_lr") && nested.contains("twice"),
+        "{nested}"
+    );
+    for (text, kind) in [(r#"["runs/x"]"#, "an array"), ("3", "a number")] {
+        let err = error_of(TrainingArguments::from_json(text));
+        assert!(
+            err.contains("one JSON object") && err.contains(kind),
+            "{text}: {err}"
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("ab-args-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("args.json");
+    std::fs::write(&file, r#"["runs/x"]"#).unwrap();
+    let err = error_of(TrainingArguments::from_file(&file));
+    assert!(err.contains("one JSON object"), "{err}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// HF's `get_scheduler` lambdas, written out: lr(k) = base * factor(k).
 fn hf_factor(kind: SchedulerType, k: f64, warmup: f64, total: f64) -> f64 {
     if kind != SchedulerType::Constant && k < warmup {

@@ -15,7 +15,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
-use crate::data::{DataLoaderShard, DataProgress};
+use crate::data::{DataLoaderShard, DataProgress, FaultSlot};
 use crate::group::{Group, counted};
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
@@ -56,6 +56,8 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     /// counts from there).
     pub(crate) flops_at_start: u64,
     pub(crate) progress: Arc<Mutex<DataProgress>>,
+    /// A batch the training loader could not make, for the next call to report.
+    pub(crate) data_fault: FaultSlot,
     pub(crate) pending: Option<GradientsParams>,
     pub(crate) micro_in_cycle: usize,
     /// Set once the pending gradients are unscaled (and their norm known).
@@ -155,6 +157,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             counters: Counters::default(),
             flops_at_start: afterburner_precision::flops_counted(),
             progress: Arc::default(),
+            data_fault: Arc::default(),
             pending: None,
             micro_in_cycle: 0,
             unscaled: None,
@@ -244,6 +247,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             batch_size,
             self.device.clone(),
             self.progress.clone(),
+            Some(self.data_fault.clone()),
         )?
         .shuffle(self.config.seed)
         .shard(
@@ -260,6 +264,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         loss: Tensor<B, 1>,
         model: &M,
     ) -> Result<(), AccelerateError> {
+        self.check_data()?;
         if self.unscaled.is_some() {
             return Err(AccelerateError::CallOrder(
                 "backward() after clip_grad_norm() in the same cycle: call step() first".into(),
@@ -301,6 +306,21 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         Ok(())
     }
 
+    /// The error of a batch the training loader could not make, once: a `for` loop over
+    /// [`dataloader`](Self::dataloader)'s epoch ends at such a batch, and the next call
+    /// returns it (see [`EpochIter`](crate::data::EpochIter)).
+    pub(crate) fn check_data(&self) -> Result<(), AccelerateError> {
+        let fault = self
+            .data_fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match fault {
+            Some(message) => Err(AccelerateError::BadData(message)),
+            None => Ok(()),
+        }
+    }
+
     /// True when the next [`step`](Self::step) will update the parameters: the cycle holds
     /// `gradient_accumulation_steps` micro-batches, or the training loader's epoch just ended.
     pub fn sync_gradients(&self) -> bool {
@@ -328,6 +348,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         O: Optimizer<M, B>,
         L: LrScheduler,
     {
+        self.check_data()?;
         if self.pending.is_none() {
             return Err(AccelerateError::CallOrder(
                 "step() called with no pending gradients: call backward() first".into(),
@@ -354,6 +375,16 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             true => self.strategy.agree_on_skip(overflow, &self.device)?,
             false => false,
         };
+        if skip {
+            // Non-finite gradients from a model whose parameters are already inf/NaN (an
+            // earlier update with finite gradients poisoned them) would skip every step from
+            // here on: a named error instead. One host read, on this rare path only.
+            let poisoned = self.check_parameters_finite(&model);
+            if poisoned.is_err() {
+                self.end_cycle();
+                return poisoned.map(|()| model);
+            }
+        }
         if skip && !gated {
             let norm = summary.map_or(f64::NAN, |s| s.norm());
             self.end_cycle();

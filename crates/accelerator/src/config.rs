@@ -135,9 +135,6 @@ impl NonFinitePolicy {
     }
 }
 
-/// The longest `collective_timeout_s` accepted: one week.
-const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
-
 impl Default for AcceleratorConfig {
     fn default() -> Self {
         Self {
@@ -227,7 +224,9 @@ impl AcceleratorConfig {
             return Err(AccelerateError::invalid("devices", 0, "at least 1"));
         }
         // A finite, bounded wait: a Duration cannot hold 1e300 s (and a week is no timeout).
-        if !(self.collective_timeout_s > 0.0 && self.collective_timeout_s <= MAX_TIMEOUT_S) {
+        if !(self.collective_timeout_s > 0.0
+            && self.collective_timeout_s <= afterburner_parallel::launched::MAX_TIMEOUT_S)
+        {
             return Err(AccelerateError::invalid(
                 "collective_timeout_s",
                 self.collective_timeout_s,

@@ -395,6 +395,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// cut short, so every rank returns the same model (Accelerate's `LocalSGD` exit);
     /// elsewhere `model` as is. Every rank calls it, after its last `step`.
     pub fn finish<M: AutodiffModule<B>>(&mut self, model: M) -> Result<M, AccelerateError> {
+        self.check_data()?;
         if self.pending_micro_batches() > 0 {
             return Err(AccelerateError::CallOrder(format!(
                 "finish() with {} micro-batch gradients pending: call step() until the cycle ends",

@@ -181,6 +181,21 @@ pub enum AccelerateError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A state file is intact (it passed its length and checksum checks) but holds a record
+    /// of another type than the one given to load: another model, or the same model after a
+    /// field was renamed. Not damage: a checkpoint that says so is never skipped or set aside.
+    #[error(
+        "{path} holds a different {what} than the one given to load (the file is intact: \
+         it passed its checksum; nothing was loaded): {reason}"
+    )]
+    Mismatched {
+        /// The file.
+        path: PathBuf,
+        /// What it should hold ("model", "optimizer state", ...).
+        what: &'static str,
+        /// What did not fit (the decoder's words, e.g. a missing field).
+        reason: String,
+    },
 }
 
 /// ", state saved to <dir>" for [`AccelerateError::Stopped`].
@@ -238,6 +253,15 @@ impl AccelerateError {
             action,
             path: path.into(),
             source,
+        }
+    }
+
+    /// An intact state file at `path` that holds another `what` than the one given, and why.
+    pub fn mismatched(path: impl Into<PathBuf>, what: &'static str, reason: impl ToString) -> Self {
+        Self::Mismatched {
+            path: path.into(),
+            what,
+            reason: reason.to_string(),
         }
     }
 

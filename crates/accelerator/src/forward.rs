@@ -27,6 +27,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         O: CastFloats,
         F: FnOnce(&M, I) -> O,
     {
+        self.check_data()?;
         let view = self
             .strategy
             .forward_view(model, self.precision.view_dtype())?;

@@ -33,6 +33,7 @@ mod config;
 pub mod data;
 mod distributed;
 mod error;
+mod finite;
 mod forward;
 mod gradients;
 mod group;

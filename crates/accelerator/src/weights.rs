@@ -12,6 +12,7 @@ use burn_store::{
 };
 
 use crate::AccelerateError;
+use crate::finite::has_nonfinite;
 
 /// Where a weights file comes from: it decides the layout of `Linear` weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,23 +141,49 @@ impl LoadWeights {
 }
 
 /// Saves `model`'s parameters to a safetensors file at `path`, in `layout` (PyTorch: loads
-/// with `safetensors.torch.load_file` into the matching PyTorch module).
+/// with `safetensors.torch.load_file` into the matching PyTorch module). A model with an
+/// inf/NaN parameter is refused ([`AccelerateError::NonFinite`]) and a file already at `path`
+/// is kept: a poisoned model never replaces a good one. The file is written beside `path`
+/// and renamed into place, so a crash mid-write never leaves half a file there.
 pub fn save_safetensors<B: Backend, M: Module<B>>(
     model: &M,
     path: impl AsRef<Path>,
     layout: Layout,
 ) -> Result<(), AccelerateError> {
     let path = path.as_ref();
-    let mut store = SafetensorsStore::from_file(path).overwrite(true);
+    if has_nonfinite(model) {
+        return Err(AccelerateError::NonFinite(format!(
+            "save_model to {}: the model's parameters hold inf/NaN; nothing was written{}",
+            path.display(),
+            match path.exists() {
+                true => " and the file there is kept",
+                false => "",
+            }
+        )));
+    }
+    let name = path.file_name().map_or_else(
+        || "model.safetensors".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let temporary = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let mut store = SafetensorsStore::from_file(&temporary).overwrite(true);
     if layout == Layout::PyTorch {
         store = store.with_to_adapter(BurnToPyTorchAdapter);
     }
-    model
+    let written = model
         .save_into(&mut store)
         .map_err(|e| AccelerateError::Corrupt {
             path: path.to_path_buf(),
             reason: format!("writing safetensors: {e}"),
         })
+        .and_then(|()| {
+            std::fs::rename(&temporary, path)
+                .map_err(|e| AccelerateError::io("renaming into place", path, e))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
 }
 
 fn is_safetensors(path: &Path) -> bool {

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use afterburner_parallel::RestartPolicy;
+use afterburner_parallel::{RestartPolicy, launched};
 use clap::{Arg, ArgAction, Command, value_parser};
 
 use crate::LaunchError;
@@ -147,10 +147,13 @@ fn command() -> Command {
 }
 
 fn positive_seconds(value: &str) -> Result<Duration, String> {
-    match value.parse::<f64>() {
-        Ok(s) if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
-        _ => Err(format!("{value}: expected a positive number of seconds")),
-    }
+    value
+        .parse::<f64>()
+        .ok()
+        .and_then(launched::timeout)
+        .ok_or_else(|| {
+            format!("{value}: expected a number of seconds > 0 and at most 604800 (one week)")
+        })
 }
 
 /// Parses `afterburner launch ...` (the program name first). `--help` and bad input come back

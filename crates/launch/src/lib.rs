@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod args;
+mod blame;
 mod error;
 mod pids;
 mod policy;

@@ -9,6 +9,7 @@ use afterburner_parallel::{Launched, LighthouseServer, RestartPolicy, launched};
 
 use crate::LaunchError;
 use crate::args::{LaunchArgs, PolicyChoice};
+use crate::blame::{Blame, blame};
 use crate::policy::policy_for;
 use crate::worker::{Worker, describe, exit_code};
 
@@ -79,8 +80,13 @@ fn restart_all(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchError>
             }
             std::thread::sleep(POLL);
         };
-        let (rank, status) = failure;
-        let message = format!("rank {rank} {}", describe(status));
+        let departures = || {
+            server
+                .as_ref()
+                .map(|server| server.lighthouse().departures())
+                .unwrap_or_default()
+        };
+        let Blame { rank, message } = blame(&mut workers, failure, departures)?;
         eprintln!("afterburner launch: {message}; stopping the other ranks");
         let last_output = workers
             .iter()

@@ -159,6 +159,18 @@ fn signal_name(signal: i32) -> &'static str {
         libc::SIGSEGV => "SIGSEGV",
         libc::SIGABRT => "SIGABRT",
         libc::SIGBUS => "SIGBUS",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
         _ => "a signal",
     }
 }

@@ -242,6 +242,22 @@ fn bad_input_is_named() {
     );
 }
 
+/// Issue 41: a timeout no `Duration` holds is a named usage error, never a panic.
+#[test]
+fn an_absurd_timeout_is_named() {
+    for option in ["--collective-timeout", "--stop-timeout"] {
+        for value in ["1e300", "inf", "0"] {
+            let out = run(&[option, value, "--", "true"]);
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{option} {value}: {stderr}");
+            assert!(
+                stderr.contains(option) && stderr.contains("one week"),
+                "{option} {value}: {stderr}"
+            );
+        }
+    }
+}
+
 #[test]
 fn sigterm_is_forwarded_and_the_workers_stop_cleanly() {
     let dir = std::env::temp_dir().join(format!("ab-launch-term-{}", std::process::id()));

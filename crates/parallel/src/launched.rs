@@ -44,6 +44,18 @@ pub const COLLECTIVE_TIMEOUT_S: &str = "AFTERBURNER_COLLECTIVE_TIMEOUT_S";
 /// connection is admitted.
 pub const TOKEN: &str = "AFTERBURNER_TOKEN";
 
+/// The longest timeout accepted anywhere (a collective's, a graceful stop's): one week. A
+/// `Duration` cannot hold 1e300 s, and a week is no timeout.
+pub const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
+
+/// `seconds` as a timeout: `None` unless it is a number > 0 and at most [`MAX_TIMEOUT_S`].
+pub fn timeout(seconds: f64) -> Option<Duration> {
+    match seconds > 0.0 && seconds <= MAX_TIMEOUT_S {
+        true => Duration::try_from_secs_f64(seconds).ok(),
+        false => None,
+    }
+}
+
 /// The [`TOKEN`] of this process's environment (`None` when unset or empty).
 pub fn token() -> Option<String> {
     std::env::var(TOKEN).ok().filter(|t| !t.is_empty())
@@ -128,11 +140,17 @@ impl Launched {
                 expected: "all or replica".into(),
             })?,
         };
-        let timeout = match var(COLLECTIVE_TIMEOUT_S) {
-            None => 300.0,
-            Some(value) => match value.trim().parse::<f64>() {
-                Ok(s) if s > 0.0 && s.is_finite() => s,
-                _ => return Err(invalid(COLLECTIVE_TIMEOUT_S, value)),
+        let collective_timeout = match var(COLLECTIVE_TIMEOUT_S) {
+            None => Duration::from_secs(300),
+            Some(value) => match value.trim().parse::<f64>().ok().and_then(timeout) {
+                Some(timeout) => timeout,
+                None => {
+                    return Err(ParallelError::InvalidConfig {
+                        field: COLLECTIVE_TIMEOUT_S,
+                        value,
+                        expected: "a number of seconds > 0 and at most 604800 (one week)".into(),
+                    });
+                }
             },
         };
         let launched = Self {
@@ -145,8 +163,17 @@ impl Launched {
             lighthouse,
             restart_count: var(RESTART_COUNT).map_or(Ok(0), |_| number(RESTART_COUNT))? as u32,
             policy,
-            collective_timeout: Duration::from_secs_f64(timeout),
+            collective_timeout,
         };
+        if launched.local_world_size == 0 || launched.local_rank >= launched.local_world_size {
+            return Err(invalid(
+                LOCAL_WORLD_SIZE,
+                format!(
+                    "{} (LOCAL_RANK {})",
+                    launched.local_world_size, launched.local_rank
+                ),
+            ));
+        }
         if launched.world_size == 0 || launched.rank >= launched.world_size {
             return Err(invalid(
                 RANK,
@@ -233,7 +260,9 @@ fn invalid(field: &'static str, value: String) -> ParallelError {
     ParallelError::InvalidConfig {
         field,
         value,
-        expected: "what `afterburner launch` sets (a number; RANK below WORLD_SIZE)".into(),
+        expected: "what `afterburner launch` sets (a number; RANK below WORLD_SIZE, LOCAL_RANK \
+                   below LOCAL_WORLD_SIZE, both sizes at least 1)"
+            .into(),
     }
 }
 
@@ -274,6 +303,31 @@ mod tests {
         assert!(pairs.contains(&(MASTER_ADDR, "10.0.0.1")));
         assert!(pairs.contains(&(MASTER_PORT, "29500")));
         assert_eq!(Launched::from_vars(vars(&pairs)), Ok(Some(launched)));
+    }
+
+    /// Issue 41: values no launcher writes are named errors, never a panic or a setting the
+    /// user did not give.
+    #[test]
+    fn an_absurd_timeout_or_local_size_is_named() {
+        let base = [(LIGHTHOUSE, "127.0.0.1:1"), (RANK, "0"), (WORLD_SIZE, "2")];
+        for timeout in ["1e300", "inf", "0", "-3", "nan", "604801"] {
+            let mut pairs = base.to_vec();
+            pairs.push((COLLECTIVE_TIMEOUT_S, timeout));
+            let error = Launched::from_vars(vars(&pairs)).unwrap_err().to_string();
+            assert!(
+                error.contains(COLLECTIVE_TIMEOUT_S) && error.contains("one week"),
+                "{timeout}: {error}"
+            );
+        }
+        for (local_rank, local_size) in [("0", "0"), ("2", "2")] {
+            let mut pairs = base.to_vec();
+            pairs.extend([(LOCAL_RANK, local_rank), (LOCAL_WORLD_SIZE, local_size)]);
+            let error = Launched::from_vars(vars(&pairs)).unwrap_err().to_string();
+            assert!(error.contains(LOCAL_WORLD_SIZE), "{error}");
+            assert!(!error.contains("devices"), "{error}");
+        }
+        assert_eq!(timeout(604800.0), Some(Duration::from_secs(604800)));
+        assert_eq!(timeout(1e300), None);
     }
 
     #[test]

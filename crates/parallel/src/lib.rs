@@ -82,12 +82,12 @@ pub use mesh::{MeshGroups, SubGroup, mesh_groups};
 pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use optimizer_state::average_optimizer_state;
 pub use params::{flat_params, param_ids, param_positions, with_flat_params};
-#[cfg(feature = "testing")]
-pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use quorum::{
-    Lighthouse, LighthouseServer, Quorum, QuorumConfig, QuorumGroup, connect_tcp,
+    Departure, Lighthouse, LighthouseServer, Quorum, QuorumConfig, QuorumGroup, connect_tcp,
     connect_tcp_with_token, donate_live_state, receive_live_state,
 };
+#[cfg(feature = "testing")]
+pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use record::{
     OptimizerRecord, ParamPositions, join_param_shards, mean_param_states, merge_param_states,
 };

@@ -69,7 +69,10 @@ pub use choices::{
     IntervalStrategy, LossNormalization, OptimizerType, ReportTo, SchedulerType, UnknownValue,
 };
 pub use metrics::{EvalMetric, MetricSet};
-pub use optim::{ArgsOptimizer, ArgsState, ArgsStateItem, HfOptimizer, optimizer_from_args};
+pub use optim::{
+    ArgsOptimizer, ArgsState, ArgsStateItem, F16_MIN_EPSILON, HfOptimizer, adam_epsilon,
+    optimizer_from_args,
+};
 pub use schedule::HfSchedule;
 pub use state::{LogEntry, Metrics, TrainSummary, TrainerState};
 pub use train_loss::TrainLoss;

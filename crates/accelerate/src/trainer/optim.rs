@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainingArguments;
 use super::choices::OptimizerType;
+use crate::precision::Precision;
 
 /// The Trainer's default optimizer: [`OptimizerAdaptor`] over [`ArgsOptimizer`], built from
 /// the arguments by [`HfOptimizer::from_args`] (`optim`, `weight_decay`, the Adam betas and
@@ -30,12 +31,13 @@ where
     M: AutodiffModule<B>,
 {
     let decay = args.weight_decay as f32;
+    let epsilon = adam_epsilon(args);
     let optim = match args.optim {
         OptimizerType::AdamW => ArgsOptimizer::AdamW(
             AdamWConfig::new()
                 .with_beta_1(args.adam_beta1 as f32)
                 .with_beta_2(args.adam_beta2 as f32)
-                .with_epsilon(args.adam_epsilon as f32)
+                .with_epsilon(epsilon)
                 .with_weight_decay(decay)
                 .build(),
         ),
@@ -44,7 +46,7 @@ where
             AdamConfig::new()
                 .with_beta_1(args.adam_beta1 as f32)
                 .with_beta_2(args.adam_beta2 as f32)
-                .with_epsilon(args.adam_epsilon as f32)
+                .with_epsilon(epsilon)
                 .with_weight_decay(
                     (decay > 0.0).then(|| burn::optim::decay::WeightDecayConfig::new(decay)),
                 )
@@ -59,6 +61,29 @@ where
         ),
     };
     OptimizerAdaptor::from(optim)
+}
+
+/// The smallest normal f16 number, 2^-14: below it an f16 epsilon loses precision, and below
+/// half the smallest subnormal (2^-25) it is 0.
+pub const F16_MIN_EPSILON: f64 = 6.103_515_625e-5;
+
+/// Adam's epsilon for the run: `adam_epsilon`, raised to [`F16_MIN_EPSILON`] (with a warning)
+/// under `16-true`, where the optimizer's state is f16 and HF's default 1e-8 would be 0: Adam
+/// would then divide 0 by 0 wherever a gradient is 0, and the first step would fill the model
+/// with NaN. Other precisions keep it (bf16 has f32's range; mixed ones keep f32 state).
+pub fn adam_epsilon(args: &TrainingArguments) -> f32 {
+    let wanted = args.adam_epsilon;
+    let uses_epsilon = matches!(args.optim, OptimizerType::AdamW | OptimizerType::Adam);
+    if uses_epsilon && args.effective_precision() == Precision::F16True && wanted < F16_MIN_EPSILON
+    {
+        tracing::warn!(
+            "adam_epsilon = {wanted:e} is below what f16 holds under 16-true (it would round to \
+             {}); raised to {F16_MIN_EPSILON:e}, the smallest normal f16",
+            burn::tensor::f16::from_f64(wanted)
+        );
+        return F16_MIN_EPSILON as f32;
+    }
+    wanted as f32
 }
 
 /// One of Burn's element-wise optimizers, picked at run time.

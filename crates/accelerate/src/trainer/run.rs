@@ -16,7 +16,6 @@ use super::{
     Flow, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss, TrainSummary, Trainer,
     TrainerState, lost_model, resolve_checkpoint,
 };
-use crate::data::next_batch;
 use crate::parallel::ReduceOp;
 use crate::{AccelerateError, StepOutcome};
 
@@ -76,8 +75,11 @@ impl<T: TrainerTypes> Trainer<T> {
             }
             let skip = if epoch == start_epoch { start_batch } else { 0 };
             let mut stepped = false;
-            let mut epoch_batches = self.train.epoch_from(epoch, skip).enumerate();
-            while let Some((i, batch)) = next_batch(&mut epoch_batches)? {
+            let mut epoch_batches = self.train.epoch_from(epoch, skip);
+            let mut taken = 0;
+            while let Some(batch) = epoch_batches.try_next()? {
+                let i = taken;
+                taken += 1;
                 let model = self.model.take().ok_or_else(lost_model)?;
                 let tokens = model.batch_tokens(&batch).map(|t| t as u64);
                 self.meter
@@ -173,7 +175,13 @@ impl<T: TrainerTypes> Trainer<T> {
         items_per_batch: u64,
     ) -> Result<TrainSummary, AccelerateError> {
         let model = self.model.take().ok_or_else(lost_model)?;
-        self.model = Some(self.acc.finish(model)?);
+        let model = self.acc.finish(model)?;
+        // The last update is checked by no later step: a model it poisoned ends the run with
+        // a named error rather than an Ok and a NaN model (one host read, once). The model
+        // stays with the Trainer, whose saves refuse it.
+        let finite = self.acc.check_parameters_finite(&model);
+        self.model = Some(model);
+        finite?;
         let last_saved = list_checkpoints(&self.args.output_dir)
             .last()
             .map(|(step, _)| *step);

@@ -8,6 +8,12 @@ use burn::tensor::backend::Backend;
 
 use super::DataProgress;
 use super::prefetch::Prefetcher;
+use crate::AccelerateError;
+use crate::quiet::{panic_message, quietly};
+
+/// Where a loader the Accelerator made leaves the error of a batch that could not be made,
+/// for the Accelerator's next call to return ([`EpochIter`]'s `next` cannot).
+pub(crate) type FaultSlot = Arc<Mutex<Option<String>>>;
 
 /// Turns a batch of item indices into a batch: the dataset's items, batched on the device.
 pub(crate) struct BatchMaker<B: Backend, I, O> {
@@ -88,12 +94,21 @@ impl<B: Backend, I: 'static, O: Send + 'static> Source<B, I, O> {
 ///
 /// Each batch handed out moves the loader's [`DataProgress`], so a batch prepared ahead but
 /// never received does not count. Dropping the iterator early stops its background thread.
+///
+/// A batch that cannot be made (the batcher panics on items it cannot stack, like images of
+/// another size) is an [`AccelerateError::BadData`] from [`try_next`](Self::try_next). As an
+/// iterator (`for batch in loader.epoch(e)`), a loader made by
+/// [`Accelerator::dataloader`](crate::Accelerator::dataloader) ends the epoch there and the
+/// Accelerator's next call (`forward`, `backward`, `step`, a save, `finish`) returns that
+/// error; a loader built alone with `DataLoaderShard::new` has no one to report to and panics
+/// with the message.
 pub struct EpochIter<B: Backend, I, O> {
     source: Source<B, I, O>,
     epoch: usize,
     next: usize,
     num_batches: usize,
     progress: Arc<Mutex<DataProgress>>,
+    fault: Option<FaultSlot>,
 }
 
 impl<B: Backend, I: 'static, O: Send + 'static> EpochIter<B, I, O> {
@@ -105,6 +120,7 @@ impl<B: Backend, I: 'static, O: Send + 'static> EpochIter<B, I, O> {
         (epoch, start): (usize, usize),
         depth: usize,
         progress: Arc<Mutex<DataProgress>>,
+        fault: Option<FaultSlot>,
     ) -> Self {
         let num_batches = batches.len();
         batches.drain(..start.min(num_batches));
@@ -119,7 +135,37 @@ impl<B: Backend, I: 'static, O: Send + 'static> EpochIter<B, I, O> {
             next: start,
             num_batches,
             progress,
+            fault,
         }
+    }
+
+    /// The next batch, `Ok(None)` after the last; a batch that cannot be made is
+    /// [`AccelerateError::BadData`] naming its epoch and index, and ends the epoch.
+    pub fn try_next(&mut self) -> Result<Option<O>, AccelerateError> {
+        if self.next >= self.num_batches {
+            return Ok(None);
+        }
+        let batch = match quietly(|| self.source.next()) {
+            Ok(Some(batch)) => batch,
+            Ok(None) => return Ok(None),
+            Err(panic) => {
+                let at = self.next;
+                self.next = self.num_batches;
+                return Err(AccelerateError::BadData(format!(
+                    "epoch {}, batch {at}: {} (the epoch stopped there: that batch and the \
+                     ones after it were not trained on)",
+                    self.epoch,
+                    panic_message(&*panic)
+                )));
+            }
+        };
+        self.next += 1;
+        *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = DataProgress {
+            epoch: self.epoch,
+            next_batch: self.next,
+            num_batches: self.num_batches,
+        };
+        Ok(Some(batch))
     }
 }
 
@@ -127,17 +173,15 @@ impl<B: Backend, I: 'static, O: Send + 'static> Iterator for EpochIter<B, I, O> 
     type Item = O;
 
     fn next(&mut self) -> Option<O> {
-        if self.next >= self.num_batches {
-            return None;
+        match (self.try_next(), &self.fault) {
+            (Ok(batch), _) => batch,
+            (Err(error), Some(fault)) => {
+                tracing::error!("{error}; the Accelerator's next call returns this error");
+                *fault.lock().unwrap_or_else(PoisonError::into_inner) = Some(error.to_string());
+                None
+            }
+            (Err(error), None) => std::panic::panic_any(error.to_string()),
         }
-        let batch = self.source.next()?;
-        self.next += 1;
-        *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = DataProgress {
-            epoch: self.epoch,
-            next_batch: self.next,
-            num_batches: self.num_batches,
-        };
-        Some(batch)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

@@ -8,7 +8,7 @@ use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 
 use super::DataProgress;
-use super::epoch::{BatchMaker, EpochIter};
+use super::epoch::{BatchMaker, EpochIter, FaultSlot};
 use crate::AccelerateError;
 
 /// Batches prepared ahead by default (see [`DataLoaderShard::prefetch`]).
@@ -46,6 +46,7 @@ pub struct DataLoaderShard<B: Backend, I, O> {
     sampler: DistributedSampler,
     prefetch: usize,
     progress: Arc<Mutex<DataProgress>>,
+    fault: Option<FaultSlot>,
 }
 
 impl<B: Backend, I: 'static, O: Send + 'static> DataLoaderShard<B, I, O> {
@@ -61,16 +62,17 @@ impl<B: Backend, I: 'static, O: Send + 'static> DataLoaderShard<B, I, O> {
         D: Dataset<I> + 'static,
         Bt: Batcher<B, I, O> + 'static,
     {
-        Self::with_progress(dataset, batcher, batch_size, device, Arc::default())
+        Self::with_progress(dataset, batcher, batch_size, device, Arc::default(), None)
     }
 
-    /// [`new`](Self::new), reporting into `progress` (the Accelerator's).
+    /// [`new`](Self::new), reporting into `progress` and `fault` (the Accelerator's).
     pub(crate) fn with_progress<D, Bt>(
         dataset: D,
         batcher: Bt,
         batch_size: usize,
         device: B::Device,
         progress: Arc<Mutex<DataProgress>>,
+        fault: Option<FaultSlot>,
     ) -> Result<Self, AccelerateError>
     where
         D: Dataset<I> + 'static,
@@ -93,6 +95,7 @@ impl<B: Backend, I: 'static, O: Send + 'static> DataLoaderShard<B, I, O> {
             sampler,
             prefetch: DEFAULT_PREFETCH,
             progress,
+            fault,
         })
     }
 
@@ -158,6 +161,7 @@ impl<B: Backend, I: 'static, O: Send + 'static> DataLoaderShard<B, I, O> {
             (epoch, start),
             self.prefetch,
             self.progress.clone(),
+            self.fault.clone(),
         )
     }
 }

@@ -17,5 +17,6 @@ mod progress;
 
 pub use crate::quiet::next_batch;
 pub use epoch::EpochIter;
+pub(crate) use epoch::FaultSlot;
 pub use loader::{DEFAULT_PREFETCH, DataLoaderShard};
 pub use progress::DataProgress;

@@ -23,12 +23,15 @@ pub(crate) fn encode<B: AutodiffBackend, R: Record<B>>(
     })
 }
 
-/// Decodes a record the way state files hold it (`path` names it in errors).
+/// Decodes a record the way state files hold it (`path` names it in errors). The bytes passed
+/// their checksum, so a record that does not decode is of another type (`what`: "model",
+/// "optimizer state", ...): [`AccelerateError::Mismatched`], never damage.
 pub(crate) fn decode_record<B: AutodiffBackend, R: Record<B>>(
     bytes: Vec<u8>,
     device: &B::Device,
     path: &Path,
+    what: &'static str,
 ) -> Result<R, AccelerateError> {
     Recorder::<B>::load(&StateRecorder::default(), bytes, device)
-        .map_err(|e| AccelerateError::corrupt(path, e))
+        .map_err(|e| AccelerateError::mismatched(path, what, e))
 }

@@ -152,6 +152,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         parts: &StateParts<'_, B, S>,
     ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
+        self.check_data()?;
         parts.check_names()?;
         // Every rank checks, then they agree: a rank that refuses (pending micro-batches,
         // inf/NaN parameters) stops the save on every rank before any collective runs.
@@ -271,11 +272,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         };
         let bytes = files.swap_remove(i).1;
         let path = source.join(STRATEGY_FILE);
-        let own: StrategyState =
-            rmp_serde::from_slice(&bytes).map_err(|e| AccelerateError::corrupt(&path, e))?;
+        // Verified bytes: what does not decode or fit is another strategy's state, not damage.
+        let own: StrategyState = rmp_serde::from_slice(&bytes)
+            .map_err(|e| AccelerateError::mismatched(&path, "strategy state", e))?;
         self.strategy
             .check_own_state(&own)
-            .map_err(|e| AccelerateError::corrupt(&path, e))?;
+            .map_err(|e| AccelerateError::mismatched(&path, "strategy state", e))?;
         Ok(Some(own))
     }
 

@@ -45,6 +45,19 @@ pub(crate) struct Donation {
     pub bytes: Arc<Vec<u8>>,
 }
 
+/// A member that left the group: who, why, and whether it was dropped for missing a
+/// collective's deadline (a stalled or hung replica) rather than leaving or disconnecting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Departure {
+    /// The replica (under `afterburner launch`, the rank).
+    pub replica: usize,
+    /// Why it left, e.g. "its connection closed (the process exited or was killed)" or
+    /// "it did not call collective 77 within 8 s".
+    pub reason: String,
+    /// It missed a collective's timeout while still connected.
+    pub timed_out: bool,
+}
+
 /// A member: from which collective it takes part, and its session.
 #[derive(Debug, Clone, Copy)]
 struct Member {
@@ -77,6 +90,8 @@ struct State {
     healing_bytes: u64,
     /// Every collective fails with this from now on (see [`Lighthouse::abort`]).
     aborted: Option<String>,
+    /// The members that left, in the order they left.
+    departures: Vec<Departure>,
 }
 
 /// How many finished collectives are kept for members that have not read them yet (a member
@@ -132,6 +147,12 @@ impl Lighthouse {
     pub(crate) fn abort(&self, reason: &str) {
         self.lock().aborted = Some(reason.to_string());
         self.changed.notify_all();
+    }
+
+    /// The members that left the group so far, in the order they left (the first is the
+    /// first failure a launcher reports, before the ones it caused).
+    pub fn departures(&self) -> Vec<Departure> {
+        self.lock().departures.clone()
     }
 
     /// Bytes of live state passed from live replicas to joining ones so far.
@@ -336,8 +357,27 @@ impl Lighthouse {
                 let reason = format!("it did not call collective {seq} within {seconds} s");
                 tracing::warn!(replica, "replica dropped from the quorum: {reason}");
                 drop_session(state, replica, member.session, &reason);
+                if let Some(last) = state.departures.last_mut() {
+                    last.timed_out = last.replica == replica;
+                }
             }
         }
+    }
+
+    /// Why the replicas not in `present` left (the latest reason of each), for the error of
+    /// a collective left with too few: "replica 1: it did not call collective 77 within 8 s".
+    fn why_missing(state: &State, present: &[usize]) -> String {
+        let mut latest: BTreeMap<usize, &str> = BTreeMap::new();
+        for departure in &state.departures {
+            if !present.contains(&departure.replica) {
+                latest.insert(departure.replica, &departure.reason);
+            }
+        }
+        latest
+            .into_iter()
+            .map(|(replica, reason)| format!("replica {replica}: {reason}"))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// Finishes collective `seq` if every expected member has called it.
@@ -355,7 +395,8 @@ impl Lighthouse {
         let Some(round) = state.rounds.remove(&seq) else {
             return;
         };
-        let result = combine(round, &expected, seq, self.config.min_replicas);
+        let missing = Self::why_missing(state, &expected);
+        let result = combine(round, &expected, seq, self.config.min_replicas, &missing);
         if let Ok((_, members)) = &result {
             let left: Vec<usize> = state
                 .last_members
@@ -405,6 +446,11 @@ fn drop_session(state: &mut State, replica: usize, number: u64, reason: &str) {
     {
         state.members.remove(&replica);
         tracing::info!(replica, "replica out of the quorum: {reason}");
+        state.departures.push(Departure {
+            replica,
+            reason: reason.to_string(),
+            timed_out: false,
+        });
     }
     if state.joiners.get(&replica) == Some(&number) {
         state.joiners.remove(&replica);

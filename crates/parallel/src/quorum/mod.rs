@@ -30,7 +30,7 @@ mod wire;
 pub use config::QuorumConfig;
 pub use group::QuorumGroup;
 pub use heal::{donate_live_state, receive_live_state};
-pub use lighthouse::Lighthouse;
+pub use lighthouse::{Departure, Lighthouse};
 #[cfg(feature = "testing")]
 pub use scenario::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use tcp::{LighthouseServer, connect_tcp, connect_tcp_with_token};

@@ -30,16 +30,27 @@ pub(crate) struct Round {
 }
 
 /// The outcome of a finished round over its `members` (the contributions of replicas
-/// dropped meanwhile are left out); fewer members than `min_replicas` fail it.
-pub(crate) fn combine(round: Round, members: &[usize], seq: u64, min_replicas: usize) -> Outcome {
+/// dropped meanwhile are left out); fewer members than `min_replicas` fail it, with
+/// `why_missing` (why the others left) in the error.
+pub(crate) fn combine(
+    round: Round,
+    members: &[usize],
+    seq: u64,
+    min_replicas: usize,
+    why_missing: &str,
+) -> Outcome {
     let fail = |reason: String| ParallelError::Collective {
         op: "collective",
         rank: members.first().copied().unwrap_or(0),
         reason,
     };
     if members.len() < min_replicas {
+        let why = match why_missing.is_empty() {
+            true => String::new(),
+            false => format!(" ({why_missing})"),
+        };
         return Err(fail(format!(
-            "collective {seq}: {} replica(s) present, fewer than min_replicas = {}",
+            "collective {seq}: {} replica(s) present, fewer than min_replicas = {}{why}",
             members.len(),
             min_replicas
         )));

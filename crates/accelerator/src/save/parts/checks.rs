@@ -4,11 +4,12 @@
 use std::path::Path;
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, ElementConversion, Tensor};
 
 use afterburner_parallel::ParallelStrategy;
 
+pub(super) use crate::finite::has_nonfinite;
 use crate::quiet::quietly;
 
 use super::StateParts;
@@ -35,26 +36,6 @@ pub(crate) fn refuse_nonfinite_models<B: AutodiffBackend, S: ParallelStrategy<B>
             poisoned.join(", ")
         ))),
     }
-}
-
-/// Whether any float parameter of `model` holds inf or NaN (one reduction and one host
-/// read for the whole model).
-pub(super) fn has_nonfinite<B: Backend, M: Module<B>>(model: &M) -> bool {
-    struct AbsSum<B: Backend>(Option<Tensor<B, 1>>);
-    impl<B: Backend> ModuleVisitor<B> for AbsSum<B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let sum = param.val().detach().cast(DType::F32).abs().sum();
-            self.0 = Some(match self.0.take() {
-                Some(total) => total + sum,
-                None => sum,
-            });
-        }
-    }
-    let mut total = AbsSum::<B>(None);
-    model.visit(&mut total);
-    total
-        .0
-        .is_some_and(|t| !t.into_scalar().elem::<f64>().is_finite())
 }
 
 /// Every float parameter's dotted path and shape, in visit order.

@@ -85,7 +85,7 @@ where
         path: &Path,
         _models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError> {
-        let record = decode_record::<B, M::Record>(bytes, &acc.device, path)?;
+        let record = decode_record::<B, M::Record>(bytes, &acc.device, path, "model")?;
         let template = self.staged.take().unwrap_or_else(|| self.model.clone());
         self.staged = Some(load_checked(&template, record)?);
         Ok(())
@@ -134,7 +134,8 @@ where
         let load = |rank: usize| -> Result<M, AccelerateError> {
             let dir = &ranks[rank];
             let [bytes] = rank_files(dir, [&file])?;
-            let record = decode_record::<B, M::Record>(bytes, &acc.device, &dir.join(&file))?;
+            let record =
+                decode_record::<B, M::Record>(bytes, &acc.device, &dir.join(&file), "model")?;
             load_structure(&*self.model, record)
         };
         let full = acc.strategy.join_saved_models(ranks.len(), load)?;
@@ -219,13 +220,18 @@ where
                     .find_map(|(_, slot)| slot.staged_model()?.downcast_ref::<M>())
                     .ok_or_else(Self::no_model)?;
                 let record = OptimizerRecord::from_bytes(&bytes)
-                    .map_err(|e| AccelerateError::corrupt(path, e))?;
+                    .map_err(|e| AccelerateError::mismatched(path, "optimizer state", e))?;
                 acc.strategy
                     .shard_optimizer_record(full, record)?
                     .to_bytes()?
             }
         };
-        self.staged = Some(decode_record::<B, O::Record>(bytes, &acc.device, path)?);
+        self.staged = Some(decode_record::<B, O::Record>(
+            bytes,
+            &acc.device,
+            path,
+            "optimizer state",
+        )?);
         Ok(())
     }
 
@@ -257,10 +263,11 @@ where
         for dir in ranks {
             let [model, own] = rank_files(dir, [&model_file, &own_file])?;
             let path = dir.join(&model_file);
-            let record = decode_record::<B, M::Record>(model, &acc.device, &path)?;
+            let record = decode_record::<B, M::Record>(model, &acc.device, &path, "model")?;
             let saved_model = load_structure(template, record)?;
-            let own = OptimizerRecord::from_bytes(&own)
-                .map_err(|e| AccelerateError::corrupt(dir.join(&own_file), e))?;
+            let own = OptimizerRecord::from_bytes(&own).map_err(|e| {
+                AccelerateError::mismatched(dir.join(&own_file), "optimizer state", e)
+            })?;
             records.push((own, param_positions(&saved_model)));
             ids_of_rank_0.get_or_insert_with(|| param_ids(&saved_model));
         }
@@ -299,7 +306,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>, L: LrScheduler> Slot<B, S>
         path: &Path,
         _models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError> {
-        self.staged = Some(decode_record::<B, L::Record<B>>(bytes, &acc.device, path)?);
+        self.staged = Some(decode_record::<B, L::Record<B>>(
+            bytes,
+            &acc.device,
+            path,
+            "LR scheduler state",
+        )?);
         Ok(())
     }
 
@@ -357,8 +369,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>, T> Slot<B, S> for ValueSlot<'_,
         path: &Path,
         _models: &[Part<'_, B, S>],
     ) -> Result<(), AccelerateError> {
-        let loaded =
-            (self.from_bytes)(self.value, &bytes).map_err(|e| AccelerateError::corrupt(path, e))?;
+        let loaded = (self.from_bytes)(self.value, &bytes)
+            .map_err(|e| AccelerateError::mismatched(path, "value", e))?;
         self.staged = Some(loaded);
         Ok(())
     }
