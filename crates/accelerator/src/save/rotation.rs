@@ -51,9 +51,11 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
 
     /// Loads the newest checkpoint of `<project.dir>/checkpoints` into `parts` (like
     /// [`load_parts`](Self::load_parts)) and returns its path; `None` when there is none (a
-    /// fresh start). A checkpoint that does not load (damaged, cut short) is skipped with a
-    /// warning for the next older one; if none loads, the newest one's error is returned.
-    /// Every rank calls it.
+    /// fresh start). A damaged checkpoint (a file that fails its length or checksum check, or
+    /// cannot be read) is set aside with a warning and the next older one is tried; if none
+    /// loads, the newest one's error is returned. Any other error is returned at once, the
+    /// checkpoint left in place: a model that does not fit, or an intact checkpoint of
+    /// another model ([`AccelerateError::Mismatched`]). Every rank calls it.
     pub fn load_checkpoint(
         &mut self,
         parts: &mut StateParts<'_, B, S>,
