@@ -15,7 +15,9 @@ use crate::{AccelerateError, AcceleratorConfig, AutocastMode, StrategyConfig};
 /// HuggingFace's `TrainingArguments` where HF has the knob. Loads from TOML or JSON
 /// ([`from_file`](Self::from_file)), is overridable on the command line
 /// ([`from_args`](Self::from_args)); unknown keys and bad values are errors naming the key.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Each key's doc comment is its description: `--help` shows its first sentence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, documented::DocumentedFields)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainingArguments {
     /// Where checkpoints (`checkpoint-<step>/`), the metrics log (`log.jsonl`) and the final

@@ -8,7 +8,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::{Arg, ArgAction, Command};
 use serde_json::{Map, Value};
 
-use super::help::{ABOUT, description, strategies};
+use super::help::{ABOUT, description, first_sentence, strategies};
 use crate::trainer::choices::{
     IntervalStrategy, LossNormalization, OptimizerType, ReportTo, SchedulerType, Spelled,
 };
@@ -189,7 +189,7 @@ fn key_arg(key: &str, default: &Value) -> Arg {
             .ignore_case(true),
         _ => arg,
     };
-    with_default(arg, description(key).unwrap_or_default(), default)
+    with_default(arg, &description(key).unwrap_or_default(), default)
 }
 
 /// `arg` with its help line `text` and its `default` shown (`[default: unset]` for none).
@@ -199,17 +199,6 @@ fn with_default(arg: Arg, text: &str, default: &Value) -> Arg {
         Value::String(s) => arg.help(text.to_string()).default_value(s.clone()),
         other => arg.help(text.to_string()).default_value(other.to_string()),
     }
-}
-
-/// The first sentence of a doc comment, on one line, without Markdown's backticks: what
-/// `--help` shows beside a strategy's option.
-fn first_sentence(doc: &str) -> String {
-    let one_line = doc.split_whitespace().collect::<Vec<_>>().join(" ");
-    let first = match one_line.find(". ") {
-        Some(end) => &one_line[..=end],
-        None => &one_line,
-    };
-    first.trim_end_matches('.').replace('`', "")
 }
 
 /// The placeholder of an option's value: `BOOL` for a flag, `N` for a number.

@@ -1,157 +1,11 @@
 //! What the command line's `--help` says beyond what clap writes from the options: each
-//! key's description (the one table of them), the text above the options and the list of
-//! strategies below them.
+//! key's description (the first sentence of its doc comment), the text above the options
+//! and the list of strategies below them.
+
+use documented::DocumentedFields;
 
 use crate::StrategyConfig;
-
-/// One line per `TrainingArguments` key: what it sets (clap adds the default and, for the four
-/// choices, their values from their enums; the other keys with a set of values name them).
-const DESCRIPTIONS: &[(&str, &str)] = &[
-    (
-        "output_dir",
-        "directory of checkpoints, log.jsonl and the final model",
-    ),
-    (
-        "overwrite_output_dir",
-        "train afresh into an output_dir with checkpoints, no warning",
-    ),
-    ("num_train_epochs", "epochs to train (may be fractional)"),
-    (
-        "max_steps",
-        "optimizer steps to train; overrides num_train_epochs when > 0",
-    ),
-    (
-        "per_device_train_batch_size",
-        "items per training batch on each device",
-    ),
-    (
-        "per_device_eval_batch_size",
-        "items per evaluation batch on each device",
-    ),
-    ("optim", "the optimizer"),
-    ("learning_rate", "peak learning rate"),
-    (
-        "weight_decay",
-        "weight decay (AdamW: decoupled; Adam, SGD: L2)",
-    ),
-    ("adam_beta1", "Adam's and AdamW's beta1"),
-    ("adam_beta2", "Adam's and AdamW's beta2"),
-    ("adam_epsilon", "Adam's and AdamW's epsilon"),
-    (
-        "max_grad_norm",
-        "clip the global gradient norm to this (0: no clipping)",
-    ),
-    ("lr_scheduler_type", "learning-rate schedule"),
-    (
-        "warmup_steps",
-        "optimizer steps of linear warmup (below 1: a share of all steps)",
-    ),
-    (
-        "warmup_ratio",
-        "share of all optimizer steps used for warmup, in [0, 1]",
-    ),
-    (
-        "gradient_accumulation_steps",
-        "micro-batches per optimizer step",
-    ),
-    ("loss_normalization", "loss over an accumulation cycle"),
-    (
-        "precision",
-        "precision: 32-true, bf16-mixed, 16-mixed, bf16-true, 16-true",
-    ),
-    ("bf16", "bf16 mixed precision (precision = bf16-mixed)"),
-    (
-        "fp16",
-        "fp16 mixed precision with loss scaling (precision = 16-mixed)",
-    ),
-    ("autocast", "how the mixed precisions run: auto, op, view"),
-    (
-        "gradient_checkpointing",
-        "activation checkpointing: false, true, every-<k>, selective, balanced",
-    ),
-    ("eval_strategy", "when to evaluate"),
-    (
-        "eval_steps",
-        "evaluate every this many optimizer steps (below 1: a share)",
-    ),
-    ("logging_strategy", "when to log the training loss"),
-    (
-        "logging_steps",
-        "log every this many optimizer steps (below 1: a share)",
-    ),
-    (
-        "logging_first_step",
-        "also log after the first optimizer step",
-    ),
-    ("save_strategy", "when to save a checkpoint"),
-    (
-        "save_steps",
-        "save every this many optimizer steps (below 1: a share)",
-    ),
-    (
-        "save_total_limit",
-        "keep at most this many checkpoints (the best is kept)",
-    ),
-    (
-        "load_best_model_at_end",
-        "reload the best checkpoint's model at the end",
-    ),
-    (
-        "metric_for_best_model",
-        "metric that picks the best checkpoint: loss, accuracy, ...",
-    ),
-    (
-        "greater_is_better",
-        "whether a larger metric_for_best_model is better: true, false",
-    ),
-    (
-        "seed",
-        "seed of the model's RNG streams and of the data order",
-    ),
-    ("data_seed", "seed of the data order alone"),
-    (
-        "dataloader_drop_last",
-        "drop the last incomplete training batch of each epoch",
-    ),
-    (
-        "dataloader_num_workers",
-        "batches prepared ahead on a background thread",
-    ),
-    ("disable_tqdm", "no progress bar"),
-    (
-        "report_to",
-        "where logs go besides log.jsonl: tensorboard writes event files to logging_dir",
-    ),
-    (
-        "logging_dir",
-        "TensorBoard's directory (default: output_dir/runs)",
-    ),
-    (
-        "strategy",
-        "how training is spread over devices: a strategy's name (see the strategies below)",
-    ),
-    ("devices", "devices (worker threads) to train on"),
-    (
-        "tp_size",
-        "tensor parallelism: the model's plan split over this many devices (devices = dp x tp_size, strategy ddp)",
-    ),
-    (
-        "stop_on_signal",
-        "on SIGTERM/SIGINT: finish the step, save, stop",
-    ),
-    (
-        "resume_from_checkpoint",
-        "continue from a checkpoint-<step> directory, or latest",
-    ),
-    (
-        "early_stopping_patience",
-        "stop after this many evaluations without improvement",
-    ),
-    (
-        "early_stopping_threshold",
-        "how much better than the best counts as an improvement",
-    ),
-];
+use crate::trainer::TrainingArguments;
 
 /// What `--help` says first, above the usage line.
 pub(super) const ABOUT: &str = "Training arguments: HF's TrainingArguments keys in kebab-case \
@@ -172,12 +26,49 @@ pub(super) fn strategies() -> String {
     lines.join("\n")
 }
 
-/// The one-line description of `key` (snake_case).
-pub(super) fn description(key: &str) -> Option<&'static str> {
-    DESCRIPTIONS
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, text)| *text)
+/// The one-line description of `key` (snake_case): the first sentence of its field's doc
+/// comment in [`TrainingArguments`].
+pub(super) fn description(key: &str) -> Option<String> {
+    TrainingArguments::get_field_docs(key)
+        .ok()
+        .map(first_sentence)
+}
+
+/// The first sentence of a doc comment, on one line, without Markdown's backticks and
+/// intra-doc link brackets: what `--help` shows beside an option.
+pub(super) fn first_sentence(doc: &str) -> String {
+    let one_line = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    // A sentence ends at ". ", but not after an abbreviation ("e.g. ", "i.e. ").
+    let end = one_line.match_indices(". ").map(|(i, _)| i).find(|&i| {
+        let before = &one_line[..i];
+        !(before.ends_with("e.g") || before.ends_with("i.e"))
+    });
+    let first = match end {
+        Some(end) => &one_line[..=end],
+        None => &one_line,
+    };
+    without_links(first.trim_end_matches('.')).replace('`', "")
+}
+
+/// `text` with Markdown's intra-doc links, ``[`Name`]`` and ``[`Name`](path)``, as `Name`.
+fn without_links(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("[`") {
+        let Some(end) = rest[start..].find("`]").map(|e| start + e) else {
+            break;
+        };
+        out.push_str(&rest[..start]);
+        out.push_str(&rest[start + 1..=end]);
+        rest = &rest[end + 2..];
+        if rest.starts_with('(')
+            && let Some(close) = rest.find(')')
+        {
+            rest = &rest[close + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -185,19 +76,37 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::trainer::TrainingArguments;
 
     #[test]
-    fn every_key_has_a_description_and_every_description_a_key() {
+    fn every_key_is_described_by_its_doc_comment() {
         let keys = match serde_json::to_value(TrainingArguments::default()) {
             Ok(Value::Object(map)) => map,
             _ => panic!("TrainingArguments is a table"),
         };
         for key in keys.keys() {
-            assert!(description(key).is_some(), "--help has no line for {key}");
+            let doc = TrainingArguments::get_field_docs(key.as_str())
+                .unwrap_or_else(|_| panic!("{key} has no doc comment"));
+            let line = description(key).unwrap_or_default();
+            assert!(!line.is_empty() && !line.contains('`'), "{key}: {line}");
+            assert_eq!(line, first_sentence(doc), "{key}");
         }
-        for (key, _) in DESCRIPTIONS {
-            assert!(keys.contains_key(*key), "--help describes {key}, not a key");
-        }
+    }
+
+    #[test]
+    fn links_and_code_become_plain_words() {
+        assert_eq!(
+            first_sentence(
+                "See [`StrategyConfig`] or [`Trainer::new`](super::Trainer::new). More."
+            ),
+            "See StrategyConfig or Trainer::new"
+        );
+        assert_eq!(
+            first_sentence("A table (`[strategy.diloco]`). Default 1."),
+            "A table ([strategy.diloco])"
+        );
+        assert_eq!(
+            first_sentence("Modules (e.g. blocks, i.e. layers). More."),
+            "Modules (e.g. blocks, i.e. layers)"
+        );
     }
 }

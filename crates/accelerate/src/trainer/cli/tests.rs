@@ -38,8 +38,9 @@ fn help_lists_every_key_with_its_description_and_default() {
     let text = help(&["data: digits (default) or cifar10"]);
     for (key, default) in as_map(&TrainingArguments::default()) {
         let line = line(&text, &format!("--{}", key.replace('_', "-")));
+        // The first sentence of the key's doc comment: its one description.
         let description = super::help::description(&key).expect("described");
-        assert!(line.contains(description), "{key}: {line}");
+        assert!(line.contains(&description), "{key}: {line}");
         let default = match default {
             Value::Null => "unset".to_string(),
             Value::String(s) => s,
