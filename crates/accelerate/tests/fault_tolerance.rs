@@ -9,7 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use afterburner::localsgd::DiLoCoConfig;
-use afterburner::parallel::{Lighthouse, QuorumConfig, ReplicaRun, fail_and_restart};
+use afterburner::parallel::{
+    Lighthouse, LocalReplicas, QuorumConfig, ReplicaRun, fail_and_restart,
+};
 use afterburner::precision::{GradScalerConfig, GradScalerState};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::digits;

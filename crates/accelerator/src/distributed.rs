@@ -2,7 +2,8 @@
 //! across ranks, and the gradient and parameter exchanges `step` asks for.
 
 use afterburner_parallel::{
-    Fsdp, LaunchConfig, Launched, OptimizerSharding, ParallelStrategy, ReduceOp, Traffic,
+    Fsdp, LaunchConfig, Launched, LaunchedGroup, OptimizerSharding, ParallelStrategy, ReduceOp,
+    Traffic,
 };
 use afterburner_precision::grads::GradSummary;
 use burn::data::dataloader::batcher::Batcher;

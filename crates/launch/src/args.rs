@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use afterburner_parallel::{RestartPolicy, launched};
+use afterburner_rendezvous::{RestartPolicy, launched};
 use clap::{Arg, ArgAction, Command, value_parser};
 
 use crate::LaunchError;

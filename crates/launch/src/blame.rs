@@ -8,7 +8,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use afterburner_parallel::Departure;
+use afterburner_rendezvous::Departure;
 
 use crate::LaunchError;
 use crate::worker::{Worker, describe};

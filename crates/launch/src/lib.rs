@@ -5,7 +5,7 @@
 //! afterburner launch --nproc 2 --max-restarts 3 -- target/release/examples/vit_classify --strategy ddp
 //! ```
 //!
-//! Each worker gets its place through the environment ([`afterburner_parallel::launched`]:
+//! Each worker gets its place through the environment ([`afterburner_rendezvous::launched`]:
 //! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `AFTERBURNER_LIGHTHOUSE`, ...), which the Accelerator
 //! and the Trainer read. Node 0's launcher serves the rendezvous (the lighthouse the workers'
 //! process group meets at). Two restart policies (docs/launch.md):

@@ -1,7 +1,7 @@
 //! A launched run's workers found from outside (Linux's `/proc`): what chaos tests and benches
 //! kill to see the launcher restart them.
 
-use afterburner_parallel::launched::LIGHTHOUSE;
+use afterburner_rendezvous::launched::LIGHTHOUSE;
 
 /// The pids of the live launched workers (their environment names a lighthouse) whose command
 /// line contains `marker` (e.g. the run's output folder) and whose environment holds every one

@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use afterburner_parallel::RestartPolicy;
+use afterburner_rendezvous::RestartPolicy;
 
 /// The strategies whose replicas are independent, so that one is restarted alone.
 const REPLICA_STRATEGIES: &[&str] = &["local-sgd", "local_sgd", "localsgd", "diloco"];

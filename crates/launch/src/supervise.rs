@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use afterburner_parallel::{Launched, LighthouseServer, RestartPolicy, launched};
+use afterburner_rendezvous::{Launched, LighthouseServer, RestartPolicy, launched};
 
 use crate::LaunchError;
 use crate::args::{LaunchArgs, PolicyChoice};

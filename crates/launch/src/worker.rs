@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use afterburner_parallel::Launched;
+use afterburner_rendezvous::Launched;
 
 use crate::LaunchError;
 

@@ -6,7 +6,7 @@
 //! `cargo run -p afterburner-localsgd --example fault_tolerant`
 //!
 //! As one process of a multi-process run, against a lighthouse served by
-//! `cargo run -p afterburner-parallel --example lighthouse -- --replicas 3`:
+//! `cargo run -p afterburner-rendezvous --example lighthouse -- --replicas 3`:
 //! `cargo run -p afterburner-localsgd --example fault_tolerant -- --connect 127.0.0.1:29510 --replica 0`
 //! and `--replica 1`, `--replica 2` in two more shells (a step every 0.3 s: kill one with
 //! `kill -9` or Ctrl-C, start it again while the others still run: it rejoins).
@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use afterburner_localsgd::{DiLoCo, DiLoCoConfig};
 use afterburner_parallel::{
-    Lighthouse, ParallelError, ParallelStrategy, QuorumConfig, QuorumGroup, connect_tcp,
-    flat_params,
+    Lighthouse, LocalReplicas, ParallelError, ParallelStrategy, QuorumConfig, QuorumGroup,
+    connect_tcp, flat_params,
 };
 use burn::backend::{Autodiff, Flex};
 use burn::nn::{Linear, LinearConfig};

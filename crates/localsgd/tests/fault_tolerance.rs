@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use afterburner_localsgd::{DiLoCo, LocalSgd, LocalSgdConfig, OuterSgd};
 use afterburner_parallel::{
-    Ddp, Lighthouse, ParallelError, ParallelStrategy, ProcessGroup, QuorumConfig, ReduceOp,
-    ReplicaRun, StateSaving, StrategyState, fail_and_restart,
+    Ddp, Lighthouse, LocalReplicas, ParallelError, ParallelStrategy, ProcessGroup, QuorumConfig,
+    ReduceOp, ReplicaRun, StateSaving, StrategyState, fail_and_restart,
 };
 use burn::backend::Flex;
 use burn::optim::AdamWConfig;

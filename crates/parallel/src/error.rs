@@ -1,3 +1,4 @@
+use afterburner_rendezvous::RendezvousError;
 use thiserror::Error;
 
 /// Errors of the parallel crate; each names the rank or setting involved.
@@ -53,4 +54,28 @@ pub enum ParallelError {
     /// for a parameter the model lacks, a non-float state tensor).
     #[error("{0}")]
     Record(String),
+}
+
+impl From<RendezvousError> for ParallelError {
+    /// The variant of the same name: the rendezvous reports in this crate's terms.
+    fn from(error: RendezvousError) -> Self {
+        match error {
+            RendezvousError::InvalidConfig {
+                field,
+                value,
+                expected,
+            } => Self::InvalidConfig {
+                field,
+                value,
+                expected,
+            },
+            RendezvousError::PeerFailed { rank, reason } => Self::PeerFailed { rank, reason },
+            RendezvousError::Timeout { op, rank, seconds } => Self::Timeout { op, rank, seconds },
+            RendezvousError::Collective { op, rank, reason } => {
+                Self::Collective { op, rank, reason }
+            }
+            RendezvousError::Mismatch { rank, reason } => Self::Mismatch { rank, reason },
+            RendezvousError::Record(reason) => Self::Record(reason),
+        }
+    }
 }

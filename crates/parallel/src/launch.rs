@@ -12,7 +12,7 @@ use burn::tensor::backend::{Backend, Device, DeviceId};
 use burn_collective::{CollectiveConfig, PeerId};
 
 use crate::local::{Health, LocalGroup};
-use crate::{Lighthouse, ParallelError, QuorumConfig, QuorumGroup};
+use crate::{Lighthouse, LocalReplicas, ParallelError, QuorumConfig, QuorumGroup};
 
 /// Settings of [`launch`].
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,5 +1,8 @@
-//! Data parallel training for [Burn](https://burn.dev): one model replica per device,
-//! gradients averaged across replicas.
+//! Training spread over devices for [Burn](https://burn.dev): process groups and their
+//! engines, and the strategies over them (DDP, ZeRO-1, FSDP, tensor parallelism), with the
+//! optimizer records, sampler and seeds they share. Where processes meet (the launched
+//! environment, the lighthouse) is afterburner-rendezvous's, without Burn; it is re-exported
+//! here.
 //!
 //! - [`ProcessGroup`]: rank, world size and collectives (all_reduce, broadcast, all_gather,
 //!   reduce_scatter, barrier) over 1-D tensors; engines implement it.
@@ -19,6 +22,9 @@
 //! - [`Lighthouse`] + [`QuorumGroup`]: fault-tolerant replica groups for Local SGD and DiLoCo
 //!   (threads, or processes over TCP with [`LighthouseServer`] and [`connect_tcp`]): a replica
 //!   that dies is dropped and the others go on; a restarted one is healed from a live one.
+//!   The lighthouse, its TCP server and the launched environment ([`launched`], [`Launched`])
+//!   are afterburner-rendezvous's (no Burn), re-exported here; this crate adds the tensors
+//!   ([`QuorumGroup`], [`LocalReplicas`], [`LaunchedGroup`]).
 //!
 //! ## Alone, in a plain Burn loop
 //!
@@ -40,7 +46,7 @@ pub mod forwarding;
 mod fsdp;
 mod group;
 mod launch;
-pub mod launched;
+mod launched_group;
 mod local;
 #[cfg(all(feature = "mpi", feature = "testing"))]
 mod loopback;
@@ -62,6 +68,8 @@ pub mod tp;
 mod votes;
 mod zero;
 
+pub use afterburner_rendezvous::launched;
+pub use afterburner_rendezvous::{Launched, RendezvousError, RestartPolicy};
 pub use counted::{Counted, Traffic};
 pub use ddp::{Ddp, broadcast_from_rank0};
 pub use error::ParallelError;
@@ -73,7 +81,7 @@ pub use group::{
 #[cfg(feature = "testing")]
 pub use launch::launch_through_host;
 pub use launch::{LaunchConfig, launch, local_devices};
-pub use launched::{Launched, RestartPolicy};
+pub use launched_group::LaunchedGroup;
 pub use local::LocalGroup;
 #[cfg(all(feature = "mpi", feature = "testing"))]
 pub use loopback::{LoopbackRun, run_on_loopback};
@@ -83,8 +91,8 @@ pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use optimizer_state::average_optimizer_state;
 pub use params::{flat_params, param_ids, param_positions, with_flat_params};
 pub use quorum::{
-    Departure, Lighthouse, LighthouseServer, Quorum, QuorumConfig, QuorumGroup, connect_tcp,
-    connect_tcp_with_token, donate_live_state, receive_live_state,
+    Departure, Lighthouse, LighthouseServer, LocalReplicas, Quorum, QuorumConfig, QuorumGroup,
+    connect_tcp, connect_tcp_with_token, donate_live_state, receive_live_state,
 };
 #[cfg(feature = "testing")]
 pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use afterburner::localsgd::DiLoCoConfig;
-use afterburner::parallel::{Lighthouse, ProcessGroup, QuorumConfig, SlowLink};
+use afterburner::parallel::{Lighthouse, LocalReplicas, ProcessGroup, QuorumConfig, SlowLink};
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::models::VitConfig;
 use afterburner_demos::{ImageDataset, digits};

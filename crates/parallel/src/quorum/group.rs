@@ -1,6 +1,6 @@
 //! [`QuorumGroup`]: one replica's handle on a fault-tolerant group, a [`ProcessGroup`] whose
 //! collectives are over the replicas present (through a [`Lighthouse`], in this process or
-//! over TCP).
+//! over TCP: both a [`Coordinator`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,62 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::lighthouse::{Donation, Reply, Session};
-use super::round::Op;
-use super::{Lighthouse, Quorum};
+use afterburner_rendezvous::{Coordinator, Lighthouse, Op, Session};
+
+use super::Quorum;
 use crate::{ParallelError, ProcessGroup, ReduceOp};
-
-/// What a replica's handle calls: the lighthouse itself, or a connection to one.
-pub(crate) trait Coordinator: Send + Sync {
-    /// Collective `seq` (see [`Lighthouse::collective`]).
-    fn collective(
-        &self,
-        session: &Session,
-        seq: u64,
-        op: Op,
-        values: Option<Vec<f32>>,
-    ) -> Result<Reply, ParallelError>;
-    /// A live state for the joiners (see [`Lighthouse::send_state`]).
-    fn send_state(
-        &self,
-        session: &Session,
-        next_seq: u64,
-        bytes: Vec<u8>,
-    ) -> Result<(), ParallelError>;
-    /// Waits for a live state (see [`Lighthouse::receive_state`]).
-    fn receive_state(&self, session: &Session) -> Result<Donation, ParallelError>;
-    /// Leaves the group.
-    fn leave(&self, session: &Session, reason: &str);
-}
-
-impl Coordinator for Lighthouse {
-    fn collective(
-        &self,
-        session: &Session,
-        seq: u64,
-        op: Op,
-        values: Option<Vec<f32>>,
-    ) -> Result<Reply, ParallelError> {
-        Lighthouse::collective(self, session, seq, op, values)
-    }
-
-    fn send_state(
-        &self,
-        session: &Session,
-        next_seq: u64,
-        bytes: Vec<u8>,
-    ) -> Result<(), ParallelError> {
-        Lighthouse::send_state(self, session, next_seq, bytes)
-    }
-
-    fn receive_state(&self, session: &Session) -> Result<Donation, ParallelError> {
-        Lighthouse::receive_state(self, session)
-    }
-
-    fn leave(&self, session: &Session, reason: &str) {
-        Lighthouse::leave(self, session, reason)
-    }
-}
 
 /// The part of a replica's handle its clones share; leaves the group when the last goes.
 struct Handle {
@@ -103,7 +51,7 @@ impl Drop for Handle {
 /// shards stay the same whoever is present. Cloning shares the handle (DiLoCo's background
 /// exchange); the replica leaves the group when its last clone is dropped.
 ///
-/// Made by [`Lighthouse::replica`] (threads of one process) or
+/// Made by [`LocalReplicas::replica`] (threads of one process) or
 /// [`connect_tcp`](super::connect_tcp) (processes). Use it with the replica strategies (Local
 /// SGD, DiLoCo), whose `join` heals a replica that joins a run in progress; DDP, ZeRO and FSDP
 /// refuse it (their replicas are not independent).
@@ -133,13 +81,23 @@ impl<B: Backend> std::fmt::Debug for QuorumGroup<B> {
     }
 }
 
-impl Lighthouse {
+/// Replicas of a [`Lighthouse`] on threads of its own process, each a [`QuorumGroup`]
+/// (the lighthouse is afterburner-rendezvous's and knows no tensors; this adds them).
+pub trait LocalReplicas {
     /// Admits replica `replica` (below `config.replicas`) on `device`: a founding member if
     /// the run has not finished its first collective, else a replica that joins it (its
     /// strategy's `join` heals it first). An earlier handle of the same replica is dropped
     /// from the group.
-    pub fn replica<B: Backend>(
-        self: &Arc<Self>,
+    fn replica<B: Backend>(
+        &self,
+        replica: usize,
+        device: &B::Device,
+    ) -> Result<QuorumGroup<B>, ParallelError>;
+}
+
+impl LocalReplicas for Arc<Lighthouse> {
+    fn replica<B: Backend>(
+        &self,
         replica: usize,
         device: &B::Device,
     ) -> Result<QuorumGroup<B>, ParallelError> {

@@ -13,8 +13,8 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::Quorum;
-use super::wire::{Frame, put_bytes, put_f32s, put_u64};
 use crate::{ParallelError, StrategyState};
+use afterburner_rendezvous::wire::{Frame, put_bytes, put_f32s, put_u64};
 
 /// How records are encoded in the live state (full precision: the joiner gets every bit).
 type Codec = NamedMpkBytesRecorder<FullPrecisionSettings>;

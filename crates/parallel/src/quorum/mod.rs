@@ -7,8 +7,9 @@
 //!   others (a mean divides by the replicas present). A dropped replica's later calls are
 //!   refused: it never comes back with stale state.
 //! - [`QuorumGroup`]: one replica's [`ProcessGroup`](crate::ProcessGroup), from
-//!   [`Lighthouse::replica`] (threads of one process) or [`connect_tcp`] (processes, to a
-//!   [`LighthouseServer`]).
+//!   [`LocalReplicas::replica`] (threads of one process) or [`connect_tcp`] (processes, to a
+//!   [`LighthouseServer`]). The lighthouse, its server and wire are afterburner-rendezvous's
+//!   (no Burn), re-exported here.
 //! - Rejoin: a replica that connects once the run has started is a joiner. Its strategy's
 //!   `join` waits for a live replica's state ([`receive_live_state`]); the live replicas send
 //!   it after their next sync ([`donate_live_state`]), and the joiner takes part from the next
@@ -17,23 +18,18 @@
 //! DDP, ZeRO and FSDP refuse a quorum group: their replicas step together on shared
 //! gradients or shards, so one lost replica loses state; they fail fast instead.
 
-mod config;
 mod group;
 mod heal;
-mod lighthouse;
-mod round;
 #[cfg(feature = "testing")]
 mod scenario;
 mod tcp;
-mod wire;
 
-pub use config::QuorumConfig;
-pub use group::QuorumGroup;
+pub use afterburner_rendezvous::{Departure, Lighthouse, LighthouseServer, QuorumConfig};
+pub use group::{LocalReplicas, QuorumGroup};
 pub use heal::{donate_live_state, receive_live_state};
-pub use lighthouse::{Departure, Lighthouse};
 #[cfg(feature = "testing")]
 pub use scenario::{FailAndRestart, ReplicaRun, fail_and_restart};
-pub use tcp::{LighthouseServer, connect_tcp, connect_tcp_with_token};
+pub use tcp::{connect_tcp, connect_tcp_with_token};
 
 use crate::ParallelError;
 

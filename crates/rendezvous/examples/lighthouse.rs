@@ -1,12 +1,12 @@
 //! Serves a lighthouse over TCP for fault-tolerant replicas in other processes (Local SGD or
 //! DiLoCo over `connect_tcp`; docs/fault-tolerance.md). Runs until killed.
 //!
-//! `cargo run --release -p afterburner-parallel --example lighthouse -- --replicas 3 \
+//! `cargo run --release -p afterburner-rendezvous --example lighthouse -- --replicas 3 \
 //!   --bind 127.0.0.1:29510 [--timeout-s 60] [--join-timeout-s 600] [--min-replicas 1]`
 
 use std::time::Duration;
 
-use afterburner_parallel::{LighthouseServer, QuorumConfig};
+use afterburner_rendezvous::{LighthouseServer, QuorumConfig};
 
 const HELP: &str = "usage: lighthouse --replicas N [--bind ADDR (127.0.0.1:29510)] \
 [--timeout-s S (60: a collective's wait for a late replica)] \

@@ -6,7 +6,7 @@ use super::*;
 fn round(
     lighthouse: &Arc<Lighthouse>,
     calls: Vec<(Op, Option<Vec<f32>>)>,
-) -> Vec<Result<Reply, ParallelError>> {
+) -> Vec<Result<Reply, RendezvousError>> {
     let sessions: Vec<Session> = (0..calls.len())
         .map(|r| lighthouse.connect(r).unwrap())
         .collect();

@@ -5,11 +5,7 @@
 
 use std::time::Duration;
 
-use burn::tensor::backend::Backend;
-use serde_with::{DeserializeFromStr, SerializeDisplay};
-use strum::{Display, EnumIter, EnumMessage, EnumString};
-
-use crate::{ParallelError, ProcessGroup, QuorumConfig, connect_tcp_with_token};
+use crate::{QuorumConfig, RendezvousError};
 
 /// The global rank of this worker (torchrun's name).
 pub const RANK: &str = "RANK";
@@ -62,32 +58,50 @@ pub fn token() -> Option<String> {
 }
 
 /// What a launcher does when a worker dies.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    Display,
-    EnumString,
-    EnumIter,
-    EnumMessage,
-    SerializeDisplay,
-    DeserializeFromStr,
-)]
-#[strum(ascii_case_insensitive)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RestartPolicy {
     /// Stop every worker and start them all again; they resume from the last committed
     /// checkpoint (torchrun's elastic semantics). For ranks that share gradients or shards
     /// (DDP, ZeRO-1, FSDP): a lost rank fails every rank's collective.
     #[default]
-    #[strum(serialize = "all")]
     All,
     /// Start only the dead worker again; it is healed from a live replica while the others
     /// go on (Local SGD, DiLoCo over the quorum group).
-    #[strum(serialize = "replica")]
     Replica,
+}
+
+impl RestartPolicy {
+    /// Each policy with its spelling, once (parse and print; any ASCII case parses).
+    pub const SPELLINGS: [(RestartPolicy, &'static str); 2] = [
+        (RestartPolicy::All, "all"),
+        (RestartPolicy::Replica, "replica"),
+    ];
+}
+
+impl std::fmt::Display for RestartPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let spelling = Self::SPELLINGS
+            .iter()
+            .find(|(policy, _)| policy == self)
+            .map_or("all", |(_, spelling)| spelling);
+        f.write_str(spelling)
+    }
+}
+
+impl std::str::FromStr for RestartPolicy {
+    type Err = RendezvousError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::SPELLINGS
+            .iter()
+            .find(|(_, spelling)| spelling.eq_ignore_ascii_case(text.trim()))
+            .map(|(policy, _)| *policy)
+            .ok_or_else(|| RendezvousError::InvalidConfig {
+                field: RESTART_POLICY,
+                value: text.to_string(),
+                expected: "all or replica".into(),
+            })
+    }
 }
 
 /// This worker's place in a launched run, read from its environment ([`from_env`]).
@@ -119,33 +133,31 @@ impl Launched {
     /// This process's place in a launched run, or `None` when it was not launched (no
     /// [`LIGHTHOUSE`] variable). A variable that is missing or malformed in a launched process
     /// is an error naming it.
-    pub fn from_env() -> Result<Option<Self>, ParallelError> {
+    pub fn from_env() -> Result<Option<Self>, RendezvousError> {
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
     /// [`from_env`](Self::from_env) over any source of variables (tests).
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ParallelError> {
+    pub fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, RendezvousError> {
         let Some(lighthouse) = var(LIGHTHOUSE) else {
             return Ok(None);
         };
-        let number = |name: &'static str| -> Result<u64, ParallelError> {
+        let number = |name: &'static str| -> Result<u64, RendezvousError> {
             let value = var(name).ok_or_else(|| invalid(name, "unset".into()))?;
             value.trim().parse().map_err(|_| invalid(name, value))
         };
         let policy = match var(RESTART_POLICY) {
             None => RestartPolicy::default(),
-            Some(value) => value.parse().map_err(|_| ParallelError::InvalidConfig {
-                field: RESTART_POLICY,
-                value,
-                expected: "all or replica".into(),
-            })?,
+            Some(value) => value.parse()?,
         };
         let collective_timeout = match var(COLLECTIVE_TIMEOUT_S) {
             None => Duration::from_secs(300),
             Some(value) => match value.trim().parse::<f64>().ok().and_then(timeout) {
                 Some(timeout) => timeout,
                 None => {
-                    return Err(ParallelError::InvalidConfig {
+                    return Err(RendezvousError::InvalidConfig {
                         field: COLLECTIVE_TIMEOUT_S,
                         value,
                         expected: "a number of seconds > 0 and at most 604800 (one week)".into(),
@@ -221,43 +233,10 @@ impl Launched {
             RestartPolicy::Replica => config,
         }
     }
-
-    /// Connects this worker to the launch's lighthouse (waiting up to the collective timeout
-    /// for it, presenting the environment's [`TOKEN`]) and returns its process group on
-    /// `device`: a fault-tolerant quorum group under
-    /// [`RestartPolicy::Replica`], a group whose ranks fail together under
-    /// [`RestartPolicy::All`].
-    pub fn connect<B: Backend>(
-        &self,
-        device: &B::Device,
-    ) -> Result<Box<dyn ProcessGroup<B>>, ParallelError> {
-        let group = connect_tcp_with_token::<B>(
-            self.lighthouse.as_str(),
-            self.rank,
-            device,
-            self.collective_timeout,
-            token().as_deref(),
-        )?;
-        if group.world_size() != self.world_size {
-            return Err(ParallelError::Mismatch {
-                rank: self.rank,
-                reason: format!(
-                    "the lighthouse at {} serves {} ranks, this worker was launched as one of {}",
-                    self.lighthouse,
-                    group.world_size(),
-                    self.world_size
-                ),
-            });
-        }
-        Ok(match self.policy {
-            RestartPolicy::Replica => Box::new(group),
-            RestartPolicy::All => Box::new(group.failing_together()),
-        })
-    }
 }
 
-fn invalid(field: &'static str, value: String) -> ParallelError {
-    ParallelError::InvalidConfig {
+fn invalid(field: &'static str, value: String) -> RendezvousError {
+    RendezvousError::InvalidConfig {
         field,
         value,
         expected: "what `afterburner launch` sets (a number; RANK below WORLD_SIZE, LOCAL_RANK \

@@ -1,21 +1,21 @@
 //! Little-endian byte encoding shared by the lighthouse's TCP messages and the live state a
 //! replica sends a joining one.
 
-use crate::ParallelError;
+use crate::RendezvousError;
 
 /// Appends `value`.
-pub(crate) fn put_u64(out: &mut Vec<u8>, value: u64) {
+pub fn put_u64(out: &mut Vec<u8>, value: u64) {
     out.extend_from_slice(&value.to_le_bytes());
 }
 
 /// Appends `bytes` with their length.
-pub(crate) fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+pub fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     put_u64(out, bytes.len() as u64);
     out.extend_from_slice(bytes);
 }
 
 /// Appends `values` with their count.
-pub(crate) fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
+pub fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
     put_u64(out, values.len() as u64);
     values
         .iter()
@@ -23,7 +23,7 @@ pub(crate) fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
 }
 
 /// Received bytes, read front to back; a short read is an error naming what was read.
-pub(crate) struct Frame {
+pub struct Frame {
     what: &'static str,
     bytes: Vec<u8>,
     at: usize,
@@ -31,17 +31,17 @@ pub(crate) struct Frame {
 
 impl Frame {
     /// `bytes` holding `what` (for errors).
-    pub(crate) fn new(what: &'static str, bytes: Vec<u8>) -> Self {
+    pub fn new(what: &'static str, bytes: Vec<u8>) -> Self {
         Self { what, bytes, at: 0 }
     }
 
-    fn take(&mut self, n: usize) -> Result<&[u8], ParallelError> {
+    fn take(&mut self, n: usize) -> Result<&[u8], RendezvousError> {
         let end = self
             .at
             .checked_add(n)
             .filter(|end| *end <= self.bytes.len());
         let Some(end) = end else {
-            return Err(ParallelError::Record(format!(
+            return Err(RendezvousError::Record(format!(
                 "{} ends early ({} bytes, {} more wanted at byte {})",
                 self.what,
                 self.bytes.len(),
@@ -55,30 +55,30 @@ impl Frame {
     }
 
     /// Whether every byte was read.
-    pub(crate) fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         self.at == self.bytes.len()
     }
 
     /// The next byte.
-    pub(crate) fn u8(&mut self) -> Result<u8, ParallelError> {
+    pub fn u8(&mut self) -> Result<u8, RendezvousError> {
         Ok(self.take(1)?[0])
     }
 
     /// The next u64.
-    pub(crate) fn u64(&mut self) -> Result<u64, ParallelError> {
+    pub fn u64(&mut self) -> Result<u64, RendezvousError> {
         let mut value = [0u8; 8];
         value.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(value))
     }
 
     /// The next bytes written by [`put_bytes`].
-    pub(crate) fn bytes(&mut self) -> Result<Vec<u8>, ParallelError> {
+    pub fn bytes(&mut self) -> Result<Vec<u8>, RendezvousError> {
         let len = self.u64()? as usize;
         Ok(self.take(len)?.to_vec())
     }
 
     /// The next values written by [`put_f32s`].
-    pub(crate) fn f32s(&mut self) -> Result<Vec<f32>, ParallelError> {
+    pub fn f32s(&mut self) -> Result<Vec<f32>, RendezvousError> {
         let len = self.u64()? as usize;
         let raw = self.take(len.saturating_mul(4))?;
         Ok(raw

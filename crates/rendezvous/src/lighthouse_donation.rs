@@ -5,16 +5,16 @@ use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
 use super::{Donation, Lighthouse, Member, Session};
-use crate::ParallelError;
+use crate::RendezvousError;
 
 impl Lighthouse {
     /// The donor's state for every waiting joiner: they take part from collective `next_seq`.
-    pub(crate) fn send_state(
+    pub fn send_state(
         &self,
         session: &Session,
         next_seq: u64,
         bytes: Vec<u8>,
-    ) -> Result<(), ParallelError> {
+    ) -> Result<(), RendezvousError> {
         let mut state = self.lock();
         Self::check_session(&state, session, "send_state")?;
         if state.donor != Some(session.replica) {
@@ -55,7 +55,7 @@ impl Lighthouse {
     }
 
     /// Blocks until a live replica's state arrives for `session`'s joining replica.
-    pub(crate) fn receive_state(&self, session: &Session) -> Result<Donation, ParallelError> {
+    pub fn receive_state(&self, session: &Session) -> Result<Donation, RendezvousError> {
         let deadline = Instant::now() + self.config.join_timeout;
         let mut state = self.lock();
         loop {
@@ -65,7 +65,7 @@ impl Lighthouse {
             }
             if state.started && state.members.is_empty() {
                 state.joiners.remove(&session.replica);
-                return Err(ParallelError::Collective {
+                return Err(RendezvousError::Collective {
                     op: "receive_state",
                     rank: session.replica,
                     reason: "no live replica is left to send its state (the run ended or \
@@ -76,7 +76,7 @@ impl Lighthouse {
             let now = Instant::now();
             if now >= deadline {
                 state.joiners.remove(&session.replica);
-                return Err(ParallelError::Timeout {
+                return Err(RendezvousError::Timeout {
                     op: "receive_state (no live replica sent its state)",
                     rank: session.replica,
                     seconds: self.config.join_timeout.as_secs_f64(),

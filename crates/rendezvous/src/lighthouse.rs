@@ -1,22 +1,22 @@
 //! [`Lighthouse`]: the coordinator of a fault-tolerant replica group. It keeps the membership,
 //! runs every collective as a quorum of the replicas present (a member that fails, leaves or
 //! times out is dropped and the collective completes without it), and passes a live
-//! replica's state to a replica that joins. Host data only: [`QuorumGroup`](super::QuorumGroup)
-//! converts tensors, the TCP server ([`LighthouseServer`](super::LighthouseServer)) calls the
-//! same methods for replicas in other processes.
+//! replica's state to a replica that joins. Host data only: afterburner-parallel's
+//! `QuorumGroup` converts tensors, the TCP server ([`LighthouseServer`](crate::LighthouseServer))
+//! calls the same methods for replicas in other processes.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use super::QuorumConfig;
-use super::config::invalid;
-use super::round::{Op, Outcome, Round, combine};
-use crate::ParallelError;
+use crate::QuorumConfig;
+use crate::RendezvousError;
+use crate::config::invalid;
+use crate::round::{Op, Outcome, Round, combine};
 
 /// A replica's admission to the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Session {
+pub struct Session {
     /// The replica id.
     pub replica: usize,
     /// Tells this connection of the replica from earlier ones (which are stale).
@@ -27,7 +27,7 @@ pub(crate) struct Session {
 
 /// The result of one collective for one member.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Reply {
+pub struct Reply {
     /// One vector (sum, mean, broadcast) or one per member (gather).
     pub values: Vec<Vec<f32>>,
     /// The replicas whose values it holds.
@@ -38,7 +38,7 @@ pub(crate) struct Reply {
 
 /// A live replica's state on its way to a joining one.
 #[derive(Debug, Clone)]
-pub(crate) struct Donation {
+pub struct Donation {
     /// The first collective the joiner takes part in.
     pub next_seq: u64,
     /// The state, encoded by the strategy.
@@ -99,7 +99,7 @@ struct State {
 const KEPT_RESULTS: usize = 8;
 
 /// The coordinator of one fault-tolerant run (see the module docs). Share it between replica
-/// threads with [`Lighthouse::replica`](super::Lighthouse::replica), or serve it over TCP.
+/// threads (afterburner-parallel's `LocalReplicas::replica`), or serve it over TCP.
 pub struct Lighthouse {
     config: QuorumConfig,
     state: Mutex<State>,
@@ -108,7 +108,7 @@ pub struct Lighthouse {
 
 impl Lighthouse {
     /// A lighthouse for `config.replicas` replicas; errors on an invalid config.
-    pub fn new(config: QuorumConfig) -> Result<Arc<Self>, ParallelError> {
+    pub fn new(config: QuorumConfig) -> Result<Arc<Self>, RendezvousError> {
         config.validate()?;
         let members = (0..config.replicas)
             .map(|r| {
@@ -144,7 +144,7 @@ impl Lighthouse {
 
     /// Fails every collective in progress and every later one with `reason` (a strict group
     /// whose launch failed elsewhere).
-    pub(crate) fn abort(&self, reason: &str) {
+    pub fn abort(&self, reason: &str) {
         self.lock().aborted = Some(reason.to_string());
         self.changed.notify_all();
     }
@@ -167,7 +167,7 @@ impl Lighthouse {
     /// Admits replica `replica`: a founding member while the run has not finished its first
     /// collective, else a joiner that must receive a live state. An earlier session of the
     /// same replica is dropped (its calls are refused from now on).
-    pub(crate) fn connect(&self, replica: usize) -> Result<Session, ParallelError> {
+    pub fn connect(&self, replica: usize) -> Result<Session, RendezvousError> {
         if replica >= self.config.replicas {
             return Err(invalid(
                 "quorum replica id",
@@ -213,12 +213,12 @@ impl Lighthouse {
         state: &State,
         session: &Session,
         op: &'static str,
-    ) -> Result<(), ParallelError> {
+    ) -> Result<(), RendezvousError> {
         let current = state.sessions.get(&session.replica) == Some(&session.number);
         let reason = state.dropped.get(&(session.replica, session.number));
         match (current, reason) {
             (true, None) => Ok(()),
-            (_, reason) => Err(ParallelError::Collective {
+            (_, reason) => Err(RendezvousError::Collective {
                 op,
                 rank: session.replica,
                 reason: format!(
@@ -233,18 +233,18 @@ impl Lighthouse {
 
     /// Collective number `seq` with `values` from `session`'s replica; blocks until every
     /// member present has called it, or the stragglers time out and are dropped.
-    pub(crate) fn collective(
+    pub fn collective(
         &self,
         session: &Session,
         seq: u64,
         op: Op,
         values: Option<Vec<f32>>,
-    ) -> Result<Reply, ParallelError> {
+    ) -> Result<Reply, RendezvousError> {
         let replica = session.replica;
         let mut state = self.lock();
         Self::check_session(&state, session, "collective")?;
         if !state.members.contains_key(&replica) {
-            return Err(ParallelError::Collective {
+            return Err(RendezvousError::Collective {
                 op: "collective",
                 rank: replica,
                 reason: format!(
@@ -264,7 +264,7 @@ impl Lighthouse {
                     "collective {seq}: replica {replica} called {op:?}, another member {:?}",
                     round.op
                 );
-                let error = ParallelError::Mismatch {
+                let error = RendezvousError::Mismatch {
                     rank: replica,
                     reason,
                 };
@@ -279,7 +279,7 @@ impl Lighthouse {
         loop {
             Self::check_session(&state, session, "collective")?;
             if let Some(reason) = &state.aborted {
-                return Err(ParallelError::Collective {
+                return Err(RendezvousError::Collective {
                     op: "collective",
                     rank: replica,
                     reason: reason.clone(),
@@ -295,7 +295,7 @@ impl Lighthouse {
                 });
             }
             let Some(first_at) = state.rounds.get(&seq).map(|r| r.first_at) else {
-                return Err(ParallelError::Collective {
+                return Err(RendezvousError::Collective {
                     op: "collective",
                     rank: replica,
                     reason: format!("collective {seq} vanished"),
@@ -423,7 +423,7 @@ impl Lighthouse {
 
     /// Takes `session`'s replica out of the group (it finished, failed or disconnected); the
     /// collectives in progress go on without it.
-    pub(crate) fn leave(&self, session: &Session, reason: &str) {
+    pub fn leave(&self, session: &Session, reason: &str) {
         let mut state = self.lock();
         if state.sessions.get(&session.replica) != Some(&session.number) {
             return;

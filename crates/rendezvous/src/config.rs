@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::ParallelError;
+use crate::RendezvousError;
 
 /// The settings of a fault-tolerant replica group.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,7 +47,7 @@ impl QuorumConfig {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ParallelError> {
+    pub(crate) fn validate(&self) -> Result<(), RendezvousError> {
         if self.replicas == 0 {
             return Err(invalid("quorum.replicas", "0", "at least 1 replica"));
         }
@@ -65,8 +65,8 @@ impl QuorumConfig {
     }
 }
 
-pub(crate) fn invalid(field: &'static str, value: &str, expected: &str) -> ParallelError {
-    ParallelError::InvalidConfig {
+pub(crate) fn invalid(field: &'static str, value: &str, expected: &str) -> RendezvousError {
+    RendezvousError::InvalidConfig {
         field,
         value: value.to_string(),
         expected: expected.into(),

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::ParallelError;
+use crate::RendezvousError;
 
 /// What a collective computes from the members' contributions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
+pub enum Op {
     /// Element-wise sum over the members present.
     Sum,
     /// Element-wise sum divided by the number of members present.
@@ -20,7 +20,7 @@ pub(crate) enum Op {
 }
 
 /// A finished collective: its values and the replicas they came from, or why it failed.
-pub(crate) type Outcome = Result<(Vec<Vec<f32>>, Vec<usize>), ParallelError>;
+pub(crate) type Outcome = Result<(Vec<Vec<f32>>, Vec<usize>), RendezvousError>;
 
 /// One collective in progress.
 pub(crate) struct Round {
@@ -39,7 +39,7 @@ pub(crate) fn combine(
     min_replicas: usize,
     why_missing: &str,
 ) -> Outcome {
-    let fail = |reason: String| ParallelError::Collective {
+    let fail = |reason: String| RendezvousError::Collective {
         op: "collective",
         rank: members.first().copied().unwrap_or(0),
         reason,

@@ -1,0 +1,59 @@
+//! [`RendezvousError`]: what the rendezvous reports.
+
+use thiserror::Error;
+
+/// Errors of the rendezvous: the lighthouse, its wire and the launched environment; each names
+/// the rank or setting involved. `afterburner-parallel` turns each into the `ParallelError`
+/// variant of the same name.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum RendezvousError {
+    /// A setting out of range.
+    #[error("invalid {field} = {value}: expected {expected}")]
+    InvalidConfig {
+        /// The setting.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is allowed.
+        expected: String,
+    },
+    /// Another worker failed (returned an error, panicked or timed out), so this one stopped.
+    #[error("rank {rank} failed: {reason}")]
+    PeerFailed {
+        /// The worker that failed first.
+        rank: usize,
+        /// Why.
+        reason: String,
+    },
+    /// A collective did not complete within the timeout (a peer hung or never called it).
+    #[error("{op} on rank {rank} did not complete within {seconds} s")]
+    Timeout {
+        /// The collective.
+        op: &'static str,
+        /// The waiting rank.
+        rank: usize,
+        /// The timeout.
+        seconds: f64,
+    },
+    /// The collective engine reported an error.
+    #[error("{op} on rank {rank}: {reason}")]
+    Collective {
+        /// The collective.
+        op: &'static str,
+        /// The calling rank.
+        rank: usize,
+        /// The engine's message.
+        reason: String,
+    },
+    /// Ranks disagree on the model (a different number or shape of parameters).
+    #[error("rank {rank}: {reason}")]
+    Mismatch {
+        /// The rank that noticed.
+        rank: usize,
+        /// What differs.
+        reason: String,
+    },
+    /// A message that does not decode (the wire's frames, a live state in transit).
+    #[error("{0}")]
+    Record(String),
+}
