@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
-use crate::quorum::refuse_quorum;
+use crate::refuse_quorum::refuse_quorum;
 use crate::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateSaving};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;

@@ -38,72 +38,50 @@
 
 #![warn(missing_docs)]
 
-mod counted;
 mod ddp;
-mod error;
-#[cfg(any(test, feature = "testing"))]
-pub mod forwarding;
 mod fsdp;
-mod group;
-mod launch;
-mod launched_group;
-mod local;
-#[cfg(all(feature = "mpi", feature = "testing"))]
-mod loopback;
-mod mesh;
-#[cfg(feature = "mpi")]
-mod mpi;
+mod heal;
 mod optimizer_state;
 mod params;
-mod quorum;
 mod record;
+mod refuse_quorum;
 pub mod rng;
 mod sampler;
 mod saving;
-mod shared;
-mod slow_link;
 mod spelled;
 mod strategy;
 pub mod tp;
-mod votes;
 mod zero;
 
-pub use afterburner_rendezvous::launched;
-pub use afterburner_rendezvous::{Launched, RendezvousError, RestartPolicy};
-pub use counted::{Counted, Traffic};
-pub use ddp::{Ddp, broadcast_from_rank0};
-pub use error::ParallelError;
-pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, StateDictType};
-pub use group::{
-    ProcessGroup, ReduceOp, all_gather_by_broadcasts, barrier_by_all_reduce,
-    reduce_scatter_by_all_reduce,
+// The collectives (and, through them, the rendezvous) under this crate's paths, so that
+// `afterburner_parallel::ProcessGroup` and `afterburner::parallel::Lighthouse` stay where
+// users found them.
+pub use afterburner_collectives::{
+    Counted, Departure, LaunchConfig, Launched, LaunchedGroup, Lighthouse, LighthouseServer,
+    LocalGroup, LocalReplicas, MeshGroups, ParallelError, ProcessGroup, Quorum, QuorumConfig,
+    QuorumGroup, ReduceOp, RendezvousError, RestartPolicy, SharedGroup, SlowLink, SubGroup,
+    Traffic, all_gather_by_broadcasts, barrier_by_all_reduce, broadcast_text, connect_tcp,
+    connect_tcp_with_token, launch, launched, local_devices, mesh_groups, ranks_voting_yes,
+    reduce_scatter_by_all_reduce, same_on_every_rank,
 };
 #[cfg(feature = "testing")]
-pub use launch::launch_through_host;
-pub use launch::{LaunchConfig, launch, local_devices};
-pub use launched_group::LaunchedGroup;
-pub use local::LocalGroup;
-#[cfg(all(feature = "mpi", feature = "testing"))]
-pub use loopback::{LoopbackRun, run_on_loopback};
-pub use mesh::{MeshGroups, SubGroup, mesh_groups};
+pub use afterburner_collectives::{FailAndRestart, ReplicaRun, fail_and_restart};
 #[cfg(feature = "mpi")]
-pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
+pub use afterburner_collectives::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
+#[cfg(all(feature = "mpi", feature = "testing"))]
+pub use afterburner_collectives::{LoopbackRun, run_on_loopback};
+#[cfg(feature = "testing")]
+pub use afterburner_collectives::{forwarding, launch_through_host};
+pub use ddp::{Ddp, broadcast_from_rank0};
+pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, StateDictType};
+pub use heal::{donate_live_state, receive_live_state};
 pub use optimizer_state::average_optimizer_state;
 pub use params::{flat_params, param_ids, param_positions, with_flat_params};
-pub use quorum::{
-    Departure, Lighthouse, LighthouseServer, LocalReplicas, Quorum, QuorumConfig, QuorumGroup,
-    connect_tcp, connect_tcp_with_token, donate_live_state, receive_live_state,
-};
-#[cfg(feature = "testing")]
-pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use record::{
     OptimizerRecord, ParamPositions, join_param_shards, mean_param_states, merge_param_states,
 };
 pub use sampler::{DistributedSampler, shard};
 pub use saving::{StateLayout, StateSaving, StrategyState};
-pub use shared::SharedGroup;
-pub use slow_link::SlowLink;
 pub use spelled::spellings;
 pub use strategy::{ForwardView, ParallelStrategy, SingleDevice};
-pub use votes::{broadcast_text, ranks_voting_yes, same_on_every_rank};
 pub use zero::{OptimizerSharding, Zero1};

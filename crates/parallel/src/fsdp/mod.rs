@@ -79,7 +79,7 @@ where
                 expected: "burn's Autodiff<_, _> backend (FSDP adds its own autodiff nodes)".into(),
             });
         }
-        group.with(|g| crate::quorum::refuse_quorum::<Inner<B>, G>(g, "FSDP"))?;
+        group.with(|g| crate::refuse_quorum::refuse_quorum::<Inner<B>, G>(g, "FSDP"))?;
         Ok(Self {
             config,
             exchange: Exchange {

@@ -8,11 +8,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{Inner, TensorParallel, TensorParallelPlan};
-use crate::mesh::mesh_of;
 use crate::{
     Ddp, ForwardView, Fsdp, FsdpConfig, OptimizerRecord, ParallelError, ParallelStrategy,
     ProcessGroup, ReduceOp, SharedGroup, StateDictType, StateLayout, StateSaving, SubGroup,
 };
+use afterburner_collectives::mesh_of;
 
 /// The strategy across a mesh's rows (over this rank's column).
 enum DataParallel<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {

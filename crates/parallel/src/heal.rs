@@ -12,7 +12,7 @@ use burn::optim::Optimizer;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 
-use super::Quorum;
+use crate::Quorum;
 use crate::{ParallelError, StrategyState};
 use afterburner_rendezvous::wire::{Frame, put_bytes, put_f32s, put_u64};
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use afterburner_parallel::{
+use afterburner_collectives::{
     LighthouseServer, ProcessGroup, QuorumConfig, connect_tcp, connect_tcp_with_token,
 };
 use burn::backend::Flex;

@@ -72,7 +72,7 @@ pub fn mesh_groups<B: Backend, G: ProcessGroup<B>>(
 }
 
 /// [`mesh_groups`] over a group already shared (the caller keeps a handle on the whole).
-pub(crate) fn mesh_of<B: Backend, G: ProcessGroup<B>>(
+pub fn mesh_of<B: Backend, G: ProcessGroup<B>>(
     shared: SharedGroup<G>,
     tp: usize,
     device: B::Device,

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use afterburner_parallel::{
+use afterburner_collectives::{
     LaunchConfig, LocalGroup, ParallelError, ProcessGroup, ReduceOp, launch, launch_through_host,
 };
 use burn::backend::Flex;

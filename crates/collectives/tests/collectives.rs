@@ -1,6 +1,6 @@
 //! The in-process engine's collectives give the same values on every rank.
 
-use afterburner_parallel::{LaunchConfig, ProcessGroup, ReduceOp, launch};
+use afterburner_collectives::{LaunchConfig, ProcessGroup, ReduceOp, launch};
 use burn::backend::Flex;
 use burn::tensor::Tensor;
 
@@ -85,7 +85,7 @@ impl ProcessGroup<Flex> for Counting {
         &self,
         tensor: Tensor<Flex, 1>,
         _op: ReduceOp,
-    ) -> Result<Tensor<Flex, 1>, afterburner_parallel::ParallelError> {
+    ) -> Result<Tensor<Flex, 1>, afterburner_collectives::ParallelError> {
         self.called("all_reduce");
         Ok(tensor)
     }
@@ -94,7 +94,7 @@ impl ProcessGroup<Flex> for Counting {
         &self,
         tensor: Option<Tensor<Flex, 1>>,
         _root: usize,
-    ) -> Result<Tensor<Flex, 1>, afterburner_parallel::ParallelError> {
+    ) -> Result<Tensor<Flex, 1>, afterburner_collectives::ParallelError> {
         self.called("broadcast");
         Ok(tensor.unwrap())
     }
@@ -102,7 +102,7 @@ impl ProcessGroup<Flex> for Counting {
     fn all_gather(
         &self,
         tensor: Tensor<Flex, 1>,
-    ) -> Result<Vec<Tensor<Flex, 1>>, afterburner_parallel::ParallelError> {
+    ) -> Result<Vec<Tensor<Flex, 1>>, afterburner_collectives::ParallelError> {
         self.called("all_gather");
         Ok(vec![tensor])
     }
@@ -111,7 +111,7 @@ impl ProcessGroup<Flex> for Counting {
         &self,
         tensor: Tensor<Flex, 1>,
         _op: ReduceOp,
-    ) -> Result<Tensor<Flex, 1>, afterburner_parallel::ParallelError> {
+    ) -> Result<Tensor<Flex, 1>, afterburner_collectives::ParallelError> {
         self.called("reduce_scatter");
         Ok(tensor)
     }
@@ -119,7 +119,7 @@ impl ProcessGroup<Flex> for Counting {
     fn barrier(
         &self,
         _device: &burn::tensor::Device<Flex>,
-    ) -> Result<(), afterburner_parallel::ParallelError> {
+    ) -> Result<(), afterburner_collectives::ParallelError> {
         self.called("barrier");
         Ok(())
     }
@@ -130,7 +130,7 @@ fn a_boxed_or_shared_group_reaches_every_engine_method() {
     let engine = Counting::default();
     let boxed: Box<dyn ProcessGroup<Flex>> = Box::new(engine.clone());
     // The Accelerator holds its group boxed and shared.
-    let shared = afterburner_parallel::SharedGroup::new(boxed);
+    let shared = afterburner_collectives::SharedGroup::new(boxed);
     let device = Default::default();
     let t = Tensor::<Flex, 1>::from_floats([1.0, 2.0], &device);
     shared.all_reduce(t.clone(), ReduceOp::Sum).unwrap();
@@ -153,7 +153,7 @@ fn a_boxed_or_shared_group_reaches_every_engine_method() {
 #[test]
 fn a_slow_link_counts_the_bytes_each_rank_sends() {
     let device = Default::default();
-    let link = afterburner_parallel::SlowLink::new(
+    let link = afterburner_collectives::SlowLink::new(
         Counting::default(),
         std::time::Duration::from_millis(20),
         1e6,

@@ -18,7 +18,8 @@ impl<G> SharedGroup<G> {
         Self(Arc::new(Mutex::new(group)))
     }
 
-    pub(crate) fn with<T>(&self, call: impl FnOnce(&G) -> T) -> T {
+    /// Runs `call` on the shared group (one user at a time).
+    pub fn with<T>(&self, call: impl FnOnce(&G) -> T) -> T {
         call(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }

@@ -1,32 +1,29 @@
 //! Fault-tolerant replica groups: the replicas of Local SGD or DiLoCo go on when one dies and
 //! take it back when it restarts (what torchft's lighthouse and quorum give PyTorch).
 //!
-//! - [`Lighthouse`]: the coordinator. Every collective is a quorum of the replicas present:
+//! - [`Lighthouse`](crate::Lighthouse): the coordinator. Every collective is a quorum of the replicas present:
 //!   a replica that fails, leaves or does not call a collective within
-//!   [`QuorumConfig::timeout`] is dropped with a warning, and the collective completes over the
+//!   [`QuorumConfig::timeout`](crate::QuorumConfig::timeout) is dropped with a warning, and the collective completes over the
 //!   others (a mean divides by the replicas present). A dropped replica's later calls are
 //!   refused: it never comes back with stale state.
 //! - [`QuorumGroup`]: one replica's [`ProcessGroup`](crate::ProcessGroup), from
 //!   [`LocalReplicas::replica`] (threads of one process) or [`connect_tcp`] (processes, to a
-//!   [`LighthouseServer`]). The lighthouse, its server and wire are afterburner-rendezvous's
+//!   [`LighthouseServer`](crate::LighthouseServer)). The lighthouse, its server and wire are afterburner-rendezvous's
 //!   (no Burn), re-exported here.
 //! - Rejoin: a replica that connects once the run has started is a joiner. Its strategy's
-//!   `join` waits for a live replica's state ([`receive_live_state`]); the live replicas send
-//!   it after their next sync ([`donate_live_state`]), and the joiner takes part from the next
-//!   collective on.
+//!   `join` waits for a live replica's state (afterburner-parallel's `receive_live_state`);
+//!   the live replicas send it after their next sync (`donate_live_state`), and the joiner
+//!   takes part from the next collective on.
 //!
-//! DDP, ZeRO and FSDP refuse a quorum group: their replicas step together on shared
-//! gradients or shards, so one lost replica loses state; they fail fast instead.
+//! DDP, ZeRO and FSDP refuse a quorum group (afterburner-parallel): their replicas step
+//! together on shared gradients or shards, so one lost replica loses state.
 
 mod group;
-mod heal;
 #[cfg(feature = "testing")]
 mod scenario;
 mod tcp;
 
-pub use afterburner_rendezvous::{Departure, Lighthouse, LighthouseServer, QuorumConfig};
 pub use group::{LocalReplicas, QuorumGroup};
-pub use heal::{donate_live_state, receive_live_state};
 #[cfg(feature = "testing")]
 pub use scenario::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use tcp::{connect_tcp, connect_tcp_with_token};
@@ -55,33 +52,14 @@ pub trait Quorum: Send + Sync {
 
     /// Sets what this replica sends with its live state beyond the model, optimizer and
     /// strategy (the caller's own, e.g. the Accelerator's fp16 loss scale); on a healed
-    /// replica, [`receive_live_state`] puts there what the donor attached.
+    /// replica, afterburner-parallel's `receive_live_state` puts there what the donor
+    /// attached.
     fn attach(&self, bytes: Vec<u8>);
 
     /// The bytes [`attach`](Self::attach)ed (empty when none).
     fn attached(&self) -> Vec<u8>;
 
     /// On a joining replica: waits for a live replica's state
-    /// ([`QuorumConfig::join_timeout`]); from then on this replica takes part in collectives.
+    /// ([`QuorumConfig::join_timeout`](crate::QuorumConfig::join_timeout)); from then on this replica takes part in collectives.
     fn receive_state(&self) -> Result<Vec<u8>, ParallelError>;
-}
-
-/// Errors when `group` is a fault-tolerant one: `strategy` (DDP, ZeRO, FSDP) keeps state that
-/// dies with a replica, so it fails fast on an ordinary group instead.
-pub(crate) fn refuse_quorum<B, G>(group: &G, strategy: &'static str) -> Result<(), ParallelError>
-where
-    B: burn::tensor::backend::Backend,
-    G: crate::ProcessGroup<B> + ?Sized,
-{
-    match group.quorum() {
-        None => Ok(()),
-        Some(_) => Err(ParallelError::InvalidConfig {
-            field: "strategy",
-            value: format!("{strategy} over a fault-tolerant quorum group"),
-            expected: "Local SGD or DiLoCo on a quorum group (DDP, ZeRO-1 and FSDP replicas \
-                       are not independent: run them on a LocalGroup or MpiGroup, where a lost \
-                       rank fails the job)"
-                .into(),
-        }),
-    }
 }

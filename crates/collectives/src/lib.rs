@@ -1,0 +1,63 @@
+//! Collectives for [Burn](https://burn.dev): [`ProcessGroup`] (rank, world size, all-reduce,
+//! broadcast, all-gather, reduce-scatter, barrier over 1-D tensors) and its engines, with no
+//! training strategy in it (afterburner-parallel builds DDP, ZeRO-1, FSDP and tensor
+//! parallelism over these).
+//!
+//! - Engines: [`LocalGroup`] + [`launch`] (one worker thread per device, collectives by
+//!   `burn-collective`, a failure record and a watchdog so a failing or hanging worker makes
+//!   every other one return an error); `MpiGroup` + `launch_mpi` (feature `mpi`: one rank per
+//!   process under `mpirun`); [`QuorumGroup`] (a fault-tolerant replica group over
+//!   afterburner-rendezvous's [`Lighthouse`], on threads through [`LocalReplicas`] or over TCP
+//!   through [`connect_tcp`]; [`LaunchedGroup::connect`] for a worker of `afterburner launch`).
+//! - Decorators: [`Counted`] (the values a rank sends, [`Traffic`]), [`SharedGroup`] (one group
+//!   shared by several users), [`SlowLink`] (a simulated link for benchmarks).
+//! - Sub-groups: [`mesh_groups`] gives each rank of a `dp x tp` mesh its two [`SubGroup`]s.
+//! - Votes: [`same_on_every_rank`], [`ranks_voting_yes`], [`broadcast_text`].
+//! - [`ParallelError`]: what all of it reports (afterburner-parallel's error too).
+
+#![warn(missing_docs)]
+
+mod counted;
+mod error;
+#[cfg(any(test, feature = "testing"))]
+pub mod forwarding;
+mod group;
+mod launch;
+mod launched_group;
+mod local;
+#[cfg(all(feature = "mpi", feature = "testing"))]
+mod loopback;
+mod mesh_groups;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod quorum;
+mod shared;
+mod slow_link;
+mod votes;
+
+pub use afterburner_rendezvous::{
+    self as rendezvous, Departure, Launched, Lighthouse, LighthouseServer, QuorumConfig,
+    RendezvousError, RestartPolicy, launched,
+};
+pub use counted::{Counted, Traffic};
+pub use error::ParallelError;
+pub use group::{
+    ProcessGroup, ReduceOp, all_gather_by_broadcasts, barrier_by_all_reduce,
+    reduce_scatter_by_all_reduce,
+};
+#[cfg(feature = "testing")]
+pub use launch::launch_through_host;
+pub use launch::{LaunchConfig, launch, local_devices};
+pub use launched_group::LaunchedGroup;
+pub use local::LocalGroup;
+#[cfg(all(feature = "mpi", feature = "testing"))]
+pub use loopback::{LoopbackRun, run_on_loopback};
+pub use mesh_groups::{MeshGroups, SubGroup, mesh_groups, mesh_of};
+#[cfg(feature = "mpi")]
+pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
+#[cfg(feature = "testing")]
+pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
+pub use quorum::{LocalReplicas, Quorum, QuorumGroup, connect_tcp, connect_tcp_with_token};
+pub use shared::SharedGroup;
+pub use slow_link::SlowLink;
+pub use votes::{broadcast_text, ranks_voting_yes, same_on_every_rank};
