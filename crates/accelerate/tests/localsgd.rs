@@ -472,3 +472,46 @@ fn diloco_continues_a_local_sgd_save_from_the_loaded_weights() {
     assert!(diff < 1e-5, "max rel diff {diff:e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 40: a worker of `afterburner launch` whose strategy heals alone (DiLoCo, Local SGD)
+/// under the `all` restart policy would lose its healing: a named error at setup saying which
+/// policy it needs; under `replica` it sets up.
+#[test]
+fn a_replica_strategy_under_the_all_restart_policy_is_named() {
+    use afterburner::parallel::{Launched, LighthouseServer, RestartPolicy};
+    let _rng = rng_lock();
+    let timeout = std::time::Duration::from_secs(30);
+    for (strategy, policy, fits) in [
+        ("diloco", RestartPolicy::All, false),
+        ("local-sgd", RestartPolicy::All, false),
+        ("diloco", RestartPolicy::Replica, true),
+    ] {
+        let server =
+            LighthouseServer::bind("127.0.0.1:0", Launched::quorum_config(1, policy, timeout))
+                .unwrap();
+        let launched = Launched {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            node_rank: 0,
+            lighthouse: server.address().to_string(),
+            restart_count: 0,
+            policy,
+            collective_timeout: timeout,
+        };
+        let built = Accelerator::<B>::launched(config(strategy), &launched);
+        match (built, fits) {
+            (Ok(_), true) => {}
+            (Err(e), false) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("--restart-policy replica") && message.contains(strategy),
+                    "{message}"
+                );
+            }
+            (Ok(_), false) => panic!("{strategy} under {policy}: no error"),
+            (Err(e), true) => panic!("{strategy} under {policy}: {e}"),
+        }
+    }
+}

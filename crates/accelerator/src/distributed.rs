@@ -3,7 +3,7 @@
 
 use afterburner_parallel::{
     Fsdp, LaunchConfig, Launched, LaunchedGroup, OptimizerSharding, ParallelStrategy, ReduceOp,
-    Traffic,
+    RestartPolicy, Traffic,
 };
 use afterburner_precision::grads::GradSummary;
 use burn::data::dataloader::batcher::Batcher;
@@ -163,7 +163,38 @@ impl<B: AutodiffBackend> Accelerator<B> {
                 "this worker was started again by `afterburner launch`"
             );
         }
-        Self::with_group(config, device, group)
+        let acc = Self::with_group(config, device, group)?;
+        acc.check_restart_policy(launched)?;
+        Ok(acc)
+    }
+
+    /// Errors when the launch's restart policy does not fit the strategy: replicas that heal
+    /// alone (Local SGD, DiLoCo, a strategy of your own that says so) under `all` would lose
+    /// their healing (every death restarts the whole job), and ranks that must restart
+    /// together (DDP, ZeRO-1, FSDP) cannot be restarted alone under `replica`.
+    fn check_restart_policy(&self, launched: &Launched) -> Result<(), AccelerateError> {
+        let heals_alone = self.strategy.heals_alone();
+        let wanted = match heals_alone {
+            true => RestartPolicy::Replica,
+            false => RestartPolicy::All,
+        };
+        if launched.policy == wanted {
+            return Ok(());
+        }
+        Err(AccelerateError::invalid(
+            "restart policy",
+            launched.policy,
+            format!(
+                "`{wanted}` for strategy {}, whose replicas {}: start the launch with \
+                 `afterburner launch --restart-policy {wanted}` (its `auto` policy reads \
+                 `--strategy NAME` and a config file's top-level `strategy = \"NAME\"` only)",
+                self.strategy.name(),
+                match heals_alone {
+                    true => "heal alone (one that dies is restarted by itself)",
+                    false => "must all restart together from the last checkpoint",
+                }
+            ),
+        ))
     }
 
     /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).

@@ -286,6 +286,12 @@ where
         "diloco"
     }
 
+    /// Replicas step on their own and sync periodically: one that dies is restarted alone
+    /// and healed from a live replica (`join`).
+    fn heals_alone(&self) -> bool {
+        true
+    }
+
     fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
         Some(&self.group)
     }

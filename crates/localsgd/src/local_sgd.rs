@@ -81,6 +81,12 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Loca
         "local-sgd"
     }
 
+    /// Replicas step on their own and sync periodically: one that dies is restarted alone
+    /// and healed from a live replica (`join`).
+    fn heals_alone(&self) -> bool {
+        true
+    }
+
     fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {
         Some(&self.group)
     }

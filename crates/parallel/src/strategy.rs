@@ -209,6 +209,17 @@ pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
         false
     }
 
+    /// Whether a replica of this strategy heals alone: one that dies is started again by
+    /// itself and healed from a live replica while the others go on (Local SGD, DiLoCo over a
+    /// quorum group). False (the default) where every rank must restart together from the
+    /// last checkpoint (DDP, ZeRO-1, FSDP, TP). Under `afterburner launch` a strategy that
+    /// heals alone needs the launch's `replica` restart policy, the others its `all` one: a
+    /// worker under the other policy fails at setup with an error that says so. A strategy of
+    /// your own declares it here.
+    fn heals_alone(&self) -> bool {
+        false
+    }
+
     /// At the end of training, after `steps` optimizer steps: e.g. (Local SGD) a last
     /// average when the last period was cut short, so every rank ends with the same model.
     fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
