@@ -6,15 +6,16 @@
 mod common;
 
 use afterburner::trainer::{
-    Components, F16_MIN_EPSILON, IntervalStrategy, OptimizerType, Trainer, TrainingArguments,
-    adam_epsilon,
+    F16_MIN_EPSILON, IntervalStrategy, OptimizerType, Trainer, TrainingArguments, adam_epsilon,
 };
 use afterburner::weights::Layout;
 use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, NonFinitePolicy, StepOutcome};
 use afterburner_demos::models::Vit;
 use afterburner_demos::{ImageDataset, digits};
 use burn::optim::{AdamWConfig, SgdConfig};
-use common::{B, BATCHER, cross_entropy, digits_batch, flatten, params, rng_lock, vit};
+use common::{
+    B, BATCHER, DigitsTrainer, cross_entropy, digits_batch, flatten, params, rng_lock, vit,
+};
 
 /// A learning rate f32 rounds to infinity: the first update makes the weights inf/NaN from
 /// finite gradients.
@@ -93,17 +94,6 @@ fn adamw_with_an_epsilon_f16_cannot_hold_is_named_under_16_true() {
         "{message}"
     );
 }
-
-type DigitsTrainer = Trainer<
-    Components<
-        B,
-        Vit<B>,
-        afterburner_demos::ImageItem,
-        afterburner_demos::ImageBatch<B>,
-        afterburner_demos::ImageBatch<burn::backend::Flex>,
-        burn::train::ClassificationOutput<burn::backend::Flex>,
-    >,
->;
 
 fn trainer(name: &str, edit: impl FnOnce(&mut TrainingArguments)) -> DigitsTrainer {
     let all = digits::load().unwrap();

@@ -6,15 +6,14 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use afterburner::trainer::{
-    Components, HfSchedule, IntervalStrategy, SchedulerType, TrainLoss, Trainer, TrainingArguments,
+    HfSchedule, IntervalStrategy, SchedulerType, TrainLoss, Trainer, TrainingArguments,
     checkpoint_dir, list_checkpoints,
 };
 use afterburner::{Accelerator, StrategyConfig};
-use afterburner_demos::models::Vit;
 use afterburner_demos::{ImageDataset, digits};
 use burn::optim::AdamWConfig;
 use burn::train::metric::AccuracyMetric;
-use common::{B, BATCHER, flatten, params, rng_lock, vit};
+use common::{B, BATCHER, DigitsTrainer, flatten, params, rng_lock, vit};
 
 fn temp_dir(name: &str) -> PathBuf {
     common::scratch_dir(&format!("trainer-{name}"))
@@ -44,17 +43,6 @@ fn small_args(name: &str) -> TrainingArguments {
         ..Default::default()
     }
 }
-
-type DigitsTrainer = Trainer<
-    Components<
-        B,
-        Vit<B>,
-        afterburner_demos::ImageItem,
-        afterburner_demos::ImageBatch<B>,
-        afterburner_demos::ImageBatch<burn::backend::Flex>,
-        burn::train::ClassificationOutput<burn::backend::Flex>,
-    >,
->;
 
 fn trainer(args: TrainingArguments, seed: u64) -> DigitsTrainer {
     let (train, eval) = data();

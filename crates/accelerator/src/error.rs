@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use afterburner_checkpoint::CheckpointError;
-use afterburner_parallel::{ParallelError, RendezvousError};
+use afterburner_parallel::ParallelError;
 use afterburner_precision::PrecisionError;
 use thiserror::Error;
 
@@ -204,14 +204,6 @@ fn saved_to(saved: &Option<PathBuf>) -> String {
         .as_ref()
         .map(|dir| format!(", state saved to {} (resume from it)", dir.display()))
         .unwrap_or_default()
-}
-
-impl From<RendezvousError> for AccelerateError {
-    /// The rendezvous (the launched environment, the lighthouse) reports as the parallel
-    /// crate does.
-    fn from(error: RendezvousError) -> Self {
-        Self::Parallel(error.into())
-    }
 }
 
 impl From<PrecisionError> for AccelerateError {

@@ -18,7 +18,6 @@
 #![warn(missing_docs)]
 
 mod counted;
-mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod forwarding;
 mod group;
@@ -35,12 +34,14 @@ mod shared;
 mod slow_link;
 mod votes;
 
+/// The one error type of the rendezvous, the collectives and the strategies, under the name
+/// these crates have always used.
+pub use afterburner_rendezvous::RendezvousError as ParallelError;
 pub use afterburner_rendezvous::{
     self as rendezvous, Departure, Launched, Lighthouse, LighthouseServer, QuorumConfig,
     RendezvousError, RestartPolicy, launched,
 };
 pub use counted::{Counted, Traffic};
-pub use error::ParallelError;
 pub use group::{
     ProcessGroup, ReduceOp, all_gather_by_broadcasts, barrier_by_all_reduce,
     reduce_scatter_by_all_reduce,

@@ -2,9 +2,10 @@
 
 use thiserror::Error;
 
-/// Errors of the rendezvous: the lighthouse, its wire and the launched environment; each names
-/// the rank or setting involved. `afterburner-parallel` turns each into the `ParallelError`
-/// variant of the same name.
+/// Errors of the rendezvous (the lighthouse, its wire, the launched environment) and, under
+/// the name `ParallelError`, of the process groups and strategies above it
+/// (afterburner-collectives and afterburner-parallel re-export this one type): each names the
+/// rank or setting involved.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum RendezvousError {
     /// A setting out of range.
@@ -53,7 +54,9 @@ pub enum RendezvousError {
         /// What differs.
         reason: String,
     },
-    /// A message that does not decode (the wire's frames, a live state in transit).
+    /// A message or record that does not decode: the wire's frames, a live state in transit, a
+    /// saved optimizer record FSDP cannot gather or shard (not Burn's record format, state for
+    /// a parameter the model lacks, a non-float state tensor).
     #[error("{0}")]
     Record(String),
 }

@@ -173,3 +173,15 @@ pub fn scratch_dir(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
+
+/// The Trainer of the tiny ViT on the built-in digits (flex).
+pub type DigitsTrainer = afterburner::trainer::Trainer<
+    afterburner::trainer::Components<
+        B,
+        Vit<B>,
+        afterburner_demos::ImageItem,
+        afterburner_demos::ImageBatch<B>,
+        afterburner_demos::ImageBatch<Flex>,
+        burn::train::ClassificationOutput<Flex>,
+    >,
+>;
