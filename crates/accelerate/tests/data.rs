@@ -319,6 +319,7 @@ fn a_ragged_item_in_a_users_loop_is_a_named_error() {
         let message = err.to_string();
         assert!(message.contains("60 values, not 1x8x8"), "{message}");
         assert!(message.contains("epoch 0, batch"), "{message}");
+        assert_eq!(message.matches("bad data").count(), 1, "{message}");
         // Reported once: the Accelerator goes on (a save, another epoch) after it.
         acc.finish(model.clone()).unwrap();
 

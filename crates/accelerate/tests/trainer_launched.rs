@@ -1,11 +1,13 @@
 //! A plain `Trainer::new` program started by `afterburner launch` (its environment set here,
 //! in a test binary of its own since the environment is the process's): it trains as its
-//! launched rank over the launch's process group, with no launch code of its own.
+//! launched rank over the launch's process group, with no launch code of its own. And a
+//! launched worker whose strategy does not fit the launch's restart policy is named.
 
 mod common;
 
 use afterburner::parallel::{Launched, LighthouseServer, ParallelStrategy, RestartPolicy};
 use afterburner::trainer::{Trainer, TrainingArguments};
+use afterburner::{Accelerator, AcceleratorConfig};
 use afterburner_demos::digits;
 use common::*;
 use std::time::Duration;
@@ -31,7 +33,8 @@ fn trainer_new_under_a_launcher_trains_over_the_launched_group() {
         collective_timeout: timeout,
     };
     for (name, value) in launched.to_vars() {
-        // SAFETY: this test binary has this one test, so no other thread reads the environment.
+        // SAFETY: the other test of this binary holds the same lock (`rng_lock`) for its
+        // whole run, so no other thread reads the environment meanwhile.
         unsafe { std::env::set_var(name, value) };
     }
     let dir = std::env::temp_dir().join(format!("ab-trainer-launched-{}", std::process::id()));
@@ -56,4 +59,52 @@ fn trainer_new_under_a_launcher_trains_over_the_launched_group() {
     assert_eq!(acc.gradient_all_reduces(), 4);
     assert!(acc.traffic().bytes() > 0);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 40: a worker of `afterburner launch` whose strategy heals alone (DiLoCo, Local SGD)
+/// under the `all` restart policy would lose its healing: a named error at setup saying which
+/// policy it needs; under `replica` it sets up.
+#[test]
+fn a_replica_strategy_under_the_all_restart_policy_is_named() {
+    let _rng = rng_lock();
+    let timeout = Duration::from_secs(30);
+    for (strategy, policy, fits) in [
+        ("diloco", RestartPolicy::All, false),
+        ("local-sgd", RestartPolicy::All, false),
+        ("diloco", RestartPolicy::Replica, true),
+    ] {
+        let server =
+            LighthouseServer::bind("127.0.0.1:0", Launched::quorum_config(1, policy, timeout))
+                .unwrap();
+        let launched = Launched {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            node_rank: 0,
+            lighthouse: server.address().to_string(),
+            restart_count: 0,
+            policy,
+            collective_timeout: timeout,
+        };
+        let built = Accelerator::<B>::launched(
+            AcceleratorConfig {
+                strategy: strategy.parse().unwrap(),
+                ..Default::default()
+            },
+            &launched,
+        );
+        match (built, fits) {
+            (Ok(_), true) => {}
+            (Err(e), false) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("--restart-policy replica") && message.contains(strategy),
+                    "{message}"
+                );
+            }
+            (Ok(_), false) => panic!("{strategy} under {policy}: no error"),
+            (Err(e), true) => panic!("{strategy} under {policy}: {e}"),
+        }
+    }
 }

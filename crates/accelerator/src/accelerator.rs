@@ -379,10 +379,9 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             // Non-finite gradients from a model whose parameters are already inf/NaN (an
             // earlier update with finite gradients poisoned them) would skip every step from
             // here on: a named error instead. One host read, on this rare path only.
-            let poisoned = self.check_parameters_finite(&model);
-            if poisoned.is_err() {
+            if let Err(poisoned) = self.check_parameters_finite(&model) {
                 self.end_cycle();
-                return poisoned.map(|()| model);
+                return Err(poisoned);
             }
         }
         if skip && !gated {

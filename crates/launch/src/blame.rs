@@ -77,10 +77,10 @@ pub(crate) fn blame(
             ),
         );
     }
-    let message = match causes.split_first() {
-        Some((cause, [])) => cause.clone(),
-        Some((cause, after)) => format!("{cause}; then {}", after.join(", ")),
-        None => format!("rank {rank} failed"),
-    };
+    // `failed` holds `first`, so there is a cause.
+    let mut message = causes.remove(0);
+    if !causes.is_empty() {
+        message = format!("{message}; then {}", causes.join(", "));
+    }
     Ok(Blame { rank, message })
 }

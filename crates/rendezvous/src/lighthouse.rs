@@ -357,8 +357,8 @@ impl Lighthouse {
                 let reason = format!("it did not call collective {seq} within {seconds} s");
                 tracing::warn!(replica, "replica dropped from the quorum: {reason}");
                 drop_session(state, replica, member.session, &reason);
-                if let Some(last) = state.departures.last_mut() {
-                    last.timed_out = last.replica == replica;
+                if let Some(last) = state.departures.last_mut().filter(|d| d.replica == replica) {
+                    last.timed_out = true;
                 }
             }
         }

@@ -173,14 +173,25 @@ impl<B: Backend, I: 'static, O: Send + 'static> Iterator for EpochIter<B, I, O> 
     type Item = O;
 
     fn next(&mut self) -> Option<O> {
-        match (self.try_next(), &self.fault) {
-            (Ok(batch), _) => batch,
-            (Err(error), Some(fault)) => {
-                tracing::error!("{error}; the Accelerator's next call returns this error");
-                *fault.lock().unwrap_or_else(PoisonError::into_inner) = Some(error.to_string());
+        let error = match self.try_next() {
+            Ok(batch) => return batch,
+            Err(error) => error,
+        };
+        // The message alone: whoever reports it again (the Accelerator, `next_batch`) wraps
+        // it in its own `BadData`.
+        let message = match error {
+            AccelerateError::BadData(message) => message,
+            other => other.to_string(),
+        };
+        match &self.fault {
+            Some(fault) => {
+                tracing::error!(
+                    "bad data: {message}; the Accelerator's next call returns this error"
+                );
+                *fault.lock().unwrap_or_else(PoisonError::into_inner) = Some(message);
                 None
             }
-            (Err(error), None) => std::panic::panic_any(error.to_string()),
+            None => std::panic::panic_any(message),
         }
     }
 
