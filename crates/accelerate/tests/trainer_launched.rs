@@ -12,6 +12,21 @@ use afterburner_demos::digits;
 use common::*;
 use std::time::Duration;
 
+/// The one worker of a launch served by `server` under `policy`.
+fn only_worker(server: &LighthouseServer, policy: RestartPolicy, timeout: Duration) -> Launched {
+    Launched {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        local_world_size: 1,
+        node_rank: 0,
+        lighthouse: server.address().to_string(),
+        restart_count: 0,
+        policy,
+        collective_timeout: timeout,
+    }
+}
+
 #[test]
 fn trainer_new_under_a_launcher_trains_over_the_launched_group() {
     let _rng = rng_lock();
@@ -21,17 +36,7 @@ fn trainer_new_under_a_launcher_trains_over_the_launched_group() {
         Launched::quorum_config(1, RestartPolicy::All, timeout),
     )
     .unwrap();
-    let launched = Launched {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: 1,
-        node_rank: 0,
-        lighthouse: lighthouse.address().to_string(),
-        restart_count: 0,
-        policy: RestartPolicy::All,
-        collective_timeout: timeout,
-    };
+    let launched = only_worker(&lighthouse, RestartPolicy::All, timeout);
     for (name, value) in launched.to_vars() {
         // SAFETY: the other test of this binary holds the same lock (`rng_lock`) for its
         // whole run, so no other thread reads the environment meanwhile.
@@ -76,17 +81,7 @@ fn a_replica_strategy_under_the_all_restart_policy_is_named() {
         let server =
             LighthouseServer::bind("127.0.0.1:0", Launched::quorum_config(1, policy, timeout))
                 .unwrap();
-        let launched = Launched {
-            rank: 0,
-            world_size: 1,
-            local_rank: 0,
-            local_world_size: 1,
-            node_rank: 0,
-            lighthouse: server.address().to_string(),
-            restart_count: 0,
-            policy,
-            collective_timeout: timeout,
-        };
+        let launched = only_worker(&server, policy, timeout);
         let built = Accelerator::<B>::launched(
             AcceleratorConfig {
                 strategy: strategy.parse().unwrap(),
