@@ -228,7 +228,7 @@ fn when_the_lighthouse_dies_every_worker_ends_with_a_named_error() {
             node_rank: 0,
             lighthouse: address.clone(),
             restart_count: 0,
-            policy: afterburner::parallel::RestartPolicy::Replica,
+            policy: Some(afterburner::parallel::RestartPolicy::Replica),
             collective_timeout: Duration::from_secs(10),
         };
         let mut worker = Command::new(example("vit_classify"))

@@ -22,7 +22,7 @@ fn only_worker(server: &LighthouseServer, policy: RestartPolicy, timeout: Durati
         node_rank: 0,
         lighthouse: server.address().to_string(),
         restart_count: 0,
-        policy,
+        policy: Some(policy),
         collective_timeout: timeout,
     }
 }

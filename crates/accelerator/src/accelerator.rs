@@ -16,7 +16,6 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
 use crate::data::{DataLoaderShard, DataProgress, FaultSlot};
-use crate::group::{Group, counted};
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
 use crate::strategy::AnyStrategy;
@@ -84,20 +83,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
             ));
         }
         Self::build(config, device, None)
-    }
-
-    /// One rank of the built-in strategy the config names, over `group` (`None` on a single
-    /// device).
-    pub(crate) fn build(
-        config: AcceleratorConfig,
-        device: B::Device,
-        group: Option<Group<B>>,
-    ) -> Result<Self, AccelerateError> {
-        config.validate()?;
-        let traffic = Traffic::default();
-        let group = group.map(|g| counted::<B>(g, &traffic));
-        let strategy = AnyStrategy::from_config(&config, group, &device)?;
-        Accelerator::assemble(config, device, strategy, traffic)
     }
 }
 

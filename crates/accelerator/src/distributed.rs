@@ -2,8 +2,7 @@
 //! across ranks, and the gradient and parameter exchanges `step` asks for.
 
 use afterburner_parallel::{
-    Fsdp, LaunchConfig, Launched, LaunchedGroup, OptimizerSharding, ParallelStrategy, ReduceOp,
-    RestartPolicy, Traffic,
+    Fsdp, LaunchConfig, Launched, OptimizerSharding, ParallelStrategy, ReduceOp, Traffic,
 };
 use afterburner_precision::grads::GradSummary;
 use burn::data::dataloader::batcher::Batcher;
@@ -121,80 +120,6 @@ impl<B: AutodiffBackend> Accelerator<B> {
         }
         let devices = afterburner_parallel::local_devices::<B::InnerBackend>(config.devices)?;
         Self::launch(config, devices, worker)
-    }
-
-    /// This process's Accelerator in a run started by `afterburner launch`: its rank's
-    /// device and the launch's process group (see [`run`](Self::run)).
-    pub fn launched(
-        config: AcceleratorConfig,
-        launched: &Launched,
-    ) -> Result<Self, AccelerateError> {
-        let devices =
-            afterburner_parallel::local_devices::<B::InnerBackend>(launched.local_world_size)?;
-        let device = devices
-            .get(launched.local_rank)
-            .cloned()
-            .unwrap_or_default();
-        if launched.world_size == 1 && !config.strategy.is_distributed() {
-            return Self::new(config, device);
-        }
-        if !config.strategy.is_distributed() {
-            return Err(AccelerateError::invalid(
-                "strategy",
-                &config.strategy,
-                format!(
-                    "a multi-device strategy (ddp, zero-1, fsdp, local-sgd, diloco) for the {} \
-                     workers `afterburner launch` started",
-                    launched.world_size
-                ),
-            ));
-        }
-        // The launch's workers are the devices (what `tp_size` divides).
-        let config = AcceleratorConfig {
-            devices: launched.world_size,
-            ..config
-        };
-        config.validate()?;
-        let group = launched.connect::<B::InnerBackend>(&device)?;
-        if launched.restart_count > 0 {
-            tracing::warn!(
-                rank = launched.rank,
-                restarts = launched.restart_count,
-                "this worker was started again by `afterburner launch`"
-            );
-        }
-        let acc = Self::with_group(config, device, group)?;
-        acc.check_restart_policy(launched)?;
-        Ok(acc)
-    }
-
-    /// Errors when the launch's restart policy does not fit the strategy: replicas that heal
-    /// alone (Local SGD, DiLoCo, a strategy of your own that says so) under `all` would lose
-    /// their healing (every death restarts the whole job), and ranks that must restart
-    /// together (DDP, ZeRO-1, FSDP) cannot be restarted alone under `replica`.
-    fn check_restart_policy(&self, launched: &Launched) -> Result<(), AccelerateError> {
-        let heals_alone = self.strategy.heals_alone();
-        let wanted = match heals_alone {
-            true => RestartPolicy::Replica,
-            false => RestartPolicy::All,
-        };
-        if launched.policy == wanted {
-            return Ok(());
-        }
-        Err(AccelerateError::invalid(
-            "restart policy",
-            launched.policy,
-            format!(
-                "`{wanted}` for strategy {}, whose replicas {}: start the launch with \
-                 `afterburner launch --restart-policy {wanted}` (its `auto` policy reads \
-                 `--strategy NAME` and a config file's top-level `strategy = \"NAME\"` only)",
-                self.strategy.name(),
-                match heals_alone {
-                    true => "heal alone (one that dies is restarted by itself)",
-                    false => "must all restart together from the last checkpoint",
-                }
-            ),
-        ))
     }
 
     /// Parameter ownership under `strategy = "zero-1"` (after the first optimizer step).

@@ -38,6 +38,7 @@ mod forward;
 mod gradients;
 mod group;
 mod join;
+mod launched;
 mod outcome;
 mod quiet;
 mod save;

@@ -38,8 +38,8 @@ mod votes;
 /// these crates have always used.
 pub use afterburner_rendezvous::RendezvousError as ParallelError;
 pub use afterburner_rendezvous::{
-    self as rendezvous, Departure, Launched, Lighthouse, LighthouseServer, QuorumConfig,
-    RendezvousError, RestartPolicy, launched,
+    self as rendezvous, Declaration, Departure, Launched, Lighthouse, LighthouseServer,
+    QuorumConfig, RendezvousError, RestartPolicy, launched,
 };
 pub use counted::{Counted, Traffic};
 pub use group::{

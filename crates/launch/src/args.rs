@@ -12,7 +12,9 @@ use crate::LaunchError;
 /// Which restart policy a launch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PolicyChoice {
-    /// From the program's `--strategy` (local-sgd and diloco: replica; others: all).
+    /// Settled by the workers at the rendezvous: each declares its strategy and the policy
+    /// it needs (`replica` where replicas heal alone: Local SGD, DiLoCo, a strategy of one's
+    /// own that says so; `all` for the others).
     Auto,
     /// The one given.
     Fixed(RestartPolicy),
@@ -103,8 +105,8 @@ fn command() -> Command {
                 .help(
                     "on a worker's death: `all` (stop all, start all again: they resume from \
                      the last checkpoint; DDP, ZeRO-1, FSDP), `replica` (start only the dead \
-                     one, healed from a live replica; Local SGD, DiLoCo), or `auto` (from the \
-                     program's --strategy)",
+                     one, healed from a live replica; Local SGD, DiLoCo), or `auto` (the workers \
+                     declare it from their strategy at the rendezvous)",
                 )
                 .value_parser(["auto", "all", "replica"])
                 .default_value("auto"),

@@ -8,7 +8,10 @@
 //! Each worker gets its place through the environment ([`afterburner_rendezvous::launched`]:
 //! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `AFTERBURNER_LIGHTHOUSE`, ...), which the Accelerator
 //! and the Trainer read. Node 0's launcher serves the rendezvous (the lighthouse the workers'
-//! process group meets at). Two restart policies (docs/launch.md):
+//! process group meets at). Two restart policies (docs/launch.md), given with
+//! `--restart-policy` or, by default (`auto`), settled by the workers: each declares at the
+//! rendezvous the strategy it runs and whether its replicas heal alone; the launcher never
+//! reads the program's command line.
 //!
 //! - `all` (DDP, ZeRO-1, FSDP): a worker's death stops the others; all start again and resume
 //!   from the last committed checkpoint.
@@ -21,12 +24,10 @@ mod args;
 mod blame;
 mod error;
 mod pids;
-mod policy;
 mod supervise;
 mod worker;
 
 pub use args::{LaunchArgs, PolicyChoice, parse_args};
 pub use error::LaunchError;
 pub use pids::{kill_worker, launched_workers};
-pub use policy::policy_for;
 pub use supervise::launch;

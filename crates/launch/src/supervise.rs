@@ -1,16 +1,19 @@
 //! The launch itself: serve the rendezvous, start the workers, watch them, restart them by
-//! the policy, forward signals, and come back with the exit code.
+//! the policy (given, or settled by the workers' strategy at the rendezvous), forward
+//! signals, and come back with the exit code.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use afterburner_rendezvous::{Launched, LighthouseServer, RestartPolicy, launched};
+use afterburner_rendezvous::launched::token;
+use afterburner_rendezvous::{
+    Launched, LighthouseServer, RestartPolicy, Settled, ask_restart_policy, launched,
+};
 
 use crate::LaunchError;
 use crate::args::{LaunchArgs, PolicyChoice};
 use crate::blame::{Blame, blame};
-use crate::policy::policy_for;
 use crate::worker::{Worker, describe, exit_code};
 
 /// How often the workers are looked at.
@@ -18,175 +21,254 @@ const POLL: Duration = Duration::from_millis(20);
 /// How long the other ranks get to end by themselves after one failed (their collectives fail
 /// at once under the `all` policy) before they are killed.
 const FAIL_GRACE: Duration = Duration::from_secs(3);
+/// How long a launcher of another node waits for node 0's lighthouse when it asks for the
+/// settled restart policy.
+const ASK_WAIT: Duration = Duration::from_secs(2);
 /// How long node 0 retries serving the rendezvous port the last attempt used.
 const REBIND: Duration = Duration::from_secs(10);
 
 /// Runs the launch `args` describes and returns the exit code for the launcher: 0 when every
 /// worker succeeded, a worker's code when the run was stopped by a signal.
+///
+/// The restart policy is the one given, or under `auto` the one the workers settle at the
+/// rendezvous: each declares its strategy and the policy it needs (`replica` where replicas
+/// heal alone), and the lighthouse refuses a worker that does not fit. Until a worker has
+/// declared one (a program that never meets the rendezvous) a failure restarts every worker.
 pub fn launch(args: &LaunchArgs) -> Result<i32, LaunchError> {
-    let policy = match args.policy {
-        PolicyChoice::Fixed(policy) => policy,
-        PolicyChoice::Auto => policy_for(args.program.get(1..).unwrap_or_default()),
+    let given = match args.policy {
+        PolicyChoice::Fixed(policy) => Some(policy),
+        PolicyChoice::Auto => None,
     };
     let signals = Signals::catch()?;
+    let policy = match given {
+        Some(policy) => format!("`{policy}`"),
+        None => "`auto` (the workers' strategy settles it)".to_string(),
+    };
     eprintln!(
-        "afterburner launch: {} worker(s) on this node, {} in all, restart policy `{policy}`, \
+        "afterburner launch: {} worker(s) on this node, {} in all, restart policy {policy}, \
          --max-restarts {}",
         args.nproc,
         args.nproc * args.nnodes,
         args.max_restarts
     );
-    match policy {
-        RestartPolicy::All => restart_all(args, &signals),
-        RestartPolicy::Replica => restart_replicas(args, &signals),
+    let mut launch = Supervisor {
+        args,
+        given,
+        signals,
+        address: args.rdzv.clone(),
+        restarts: 0,
+        restarts_of: vec![0; args.nproc],
+        announced: given,
+    };
+    loop {
+        let server = serve(args, given, &launch.address, launch.restarts > 0)?;
+        if let Some(server) = &server {
+            launch.address = retarget(&launch.address, server);
+        }
+        let mut workers = start(args, given, &launch.address, &launch.restarts_of)?;
+        match launch.watch(server.as_ref(), &mut workers)? {
+            Watched::Ended(code) => return Ok(code),
+            Watched::RestartAll => {
+                drop(server);
+                launch.restarts_of.iter_mut().for_each(|r| *r += 1);
+                eprintln!(
+                    "afterburner launch: restarting all {} worker(s) (restart {} of {}); they \
+                     resume from the last checkpoint",
+                    workers.len(),
+                    launch.restarts,
+                    args.max_restarts
+                );
+            }
+        }
     }
 }
 
-/// The `all` policy: any failure stops every worker; all start again (their program resumes
-/// from the last checkpoint), with a fresh rendezvous, up to `--max-restarts` times.
-fn restart_all(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchError> {
-    let mut address = args.rdzv.clone();
-    let mut restart = 0;
-    loop {
-        let server = serve(args, RestartPolicy::All, &address, restart > 0)?;
-        if let Some(server) = &server {
-            address = retarget(&address, server);
-        }
-        let mut workers = start(args, RestartPolicy::All, &address, |_| restart)?;
+/// How one rendezvous of the launch ended.
+enum Watched {
+    /// The launch is over, with this exit code.
+    Ended(i32),
+    /// A worker failed under the `all` policy: start every worker again.
+    RestartAll,
+}
+
+/// The launch's state across its rendezvous.
+struct Supervisor<'a> {
+    args: &'a LaunchArgs,
+    /// The policy given to the launcher (`None`: `auto`).
+    given: Option<RestartPolicy>,
+    signals: Signals,
+    /// The rendezvous address (with the port node 0 actually serves).
+    address: String,
+    /// Restarts so far (of all workers under `all`, of one under `replica`).
+    restarts: u32,
+    /// Each local worker's restarts.
+    restarts_of: Vec<u32>,
+    /// The policy last printed.
+    announced: Option<RestartPolicy>,
+}
+
+impl Supervisor<'_> {
+    /// Watches `workers` until the launch ends or every worker must start again; restarts a
+    /// dead replica alone under `replica`.
+    fn watch(
+        &mut self,
+        server: Option<&LighthouseServer>,
+        workers: &mut [Worker],
+    ) -> Result<Watched, LaunchError> {
+        let args = self.args;
         let mut finished_early: Option<usize> = None;
-        let failure = loop {
-            if let Some(signal) = signals.received() {
-                return Ok(stop(&mut workers, signal, args.stop_timeout, signals));
+        loop {
+            if let Some(signal) = self.signals.received() {
+                let code = stop(workers, signal, args.stop_timeout, &self.signals);
+                return Ok(Watched::Ended(code));
             }
-            let mut failed = None;
-            for worker in &mut workers {
-                match worker.poll()? {
-                    Some(status) if status.success() => {
-                        finished_early.get_or_insert(worker.rank);
+            if let Some(settled) = server.and_then(|s| s.lighthouse().restart_policy()) {
+                self.announce(&settled);
+            }
+            for local in 0..workers.len() {
+                let Some(status) = workers[local].poll()? else {
+                    continue;
+                };
+                if status.success() {
+                    finished_early.get_or_insert(workers[local].rank);
+                    continue;
+                }
+                match self.policy(server) {
+                    RestartPolicy::Replica => self.restart_alone(workers, local, status)?,
+                    RestartPolicy::All => {
+                        let failed = (workers[local].rank, status);
+                        self.stop_all(server, workers, failed, finished_early)?;
+                        return Ok(Watched::RestartAll);
                     }
-                    Some(status) => {
-                        failed = Some((worker.rank, status));
-                        break;
-                    }
-                    None => {}
                 }
             }
-            if let Some(failed) = failed {
-                break failed;
-            }
             if workers.iter_mut().all(|w| !w.running()) {
-                flush(&mut workers);
-                return Ok(0);
+                flush(workers);
+                return Ok(Watched::Ended(0));
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    /// The policy a failure is handled by: the given one, else the one the workers settled
+    /// (node 0 reads its lighthouse, other nodes ask it), else `all`.
+    fn policy(&mut self, server: Option<&LighthouseServer>) -> RestartPolicy {
+        if let Some(given) = self.given {
+            return given;
+        }
+        let settled = match server {
+            Some(server) => server.lighthouse().restart_policy(),
+            None => ask_restart_policy(self.address.as_str(), ASK_WAIT, token().as_deref())
+                .ok()
+                .flatten(),
         };
-        let departures = || {
-            server
-                .as_ref()
-                .map(|server| server.lighthouse().departures())
-                .unwrap_or_default()
-        };
-        let Blame { rank, message } = blame(&mut workers, failure, departures)?;
-        eprintln!("afterburner launch: {message}; stopping the other ranks");
-        let last_output = workers
-            .iter()
-            .find(|w| w.rank == rank)
-            .map(Worker::last_output)
-            .unwrap_or_default();
-        end_all(&mut workers, FAIL_GRACE);
-        if let Some(early) = finished_early.filter(|early| *early != rank) {
-            return Err(LaunchError::ExitedEarly {
-                rank: early,
-                then: message,
+        match settled {
+            Some(settled) => {
+                self.announce(&settled);
+                settled.policy
+            }
+            None => RestartPolicy::All,
+        }
+    }
+
+    /// Prints the settled policy once (again when it changes).
+    fn announce(&mut self, settled: &Settled) {
+        if self.announced != Some(settled.policy) {
+            self.announced = Some(settled.policy);
+            eprintln!(
+                "afterburner launch: restart policy `{}`, settled by {}",
+                settled.policy, settled.by
+            );
+        }
+    }
+
+    /// The `replica` policy: the dead worker `local` alone is started again (it joins and is
+    /// healed from a live replica), up to `--max-restarts` times in all. On one node, a worker
+    /// that fails once every other has finished is not started again (no live replica could
+    /// heal it): the launch fails naming it.
+    fn restart_alone(
+        &mut self,
+        workers: &mut [Worker],
+        local: usize,
+        status: std::process::ExitStatus,
+    ) -> Result<(), LaunchError> {
+        let args = self.args;
+        let rank = workers[local].rank;
+        let message = format!("rank {rank} {}", describe(status));
+        if args.nnodes == 1 && !others_running(workers, local) {
+            // Every other replica has finished (or failed for good): a restarted one would
+            // find no live replica to heal from and fail again, restart after restart.
+            let last_output = workers[local].last_output();
+            end_all(workers, FAIL_GRACE);
+            return Err(LaunchError::NoLiveReplica {
+                failure: message,
+                last_output,
             });
         }
-        if restart == args.max_restarts {
+        if self.restarts == args.max_restarts {
+            let last_output = workers[local].last_output();
+            end_all(workers, FAIL_GRACE);
             return Err(LaunchError::RestartsExhausted {
                 failure: message,
                 max_restarts: args.max_restarts,
                 last_output,
             });
         }
-        drop(server);
-        restart += 1;
+        self.restarts += 1;
+        self.restarts_of[local] += 1;
         eprintln!(
-            "afterburner launch: restarting all {} worker(s) (restart {} of {}); they resume \
-             from the last checkpoint",
-            workers.len(),
-            restart,
-            args.max_restarts
+            "afterburner launch: {message}; starting it again alone (restart {} of {}): it is \
+             healed from a live replica",
+            self.restarts, args.max_restarts
         );
+        let launched = place(
+            args,
+            self.given,
+            &self.address,
+            local,
+            self.restarts_of[local],
+        );
+        workers[local] = Worker::start(&args.program, &launched)?;
+        Ok(())
     }
-}
 
-/// The `replica` policy: the lighthouse runs for the whole launch; a dead worker alone is
-/// started again (it joins and is healed from a live replica), up to `--max-restarts` times
-/// in all; a worker that succeeds is done. On one node, a worker that fails once every other
-/// has finished is not started again (no live replica could heal it): the launch fails naming
-/// it.
-fn restart_replicas(args: &LaunchArgs, signals: &Signals) -> Result<i32, LaunchError> {
-    let server = serve(args, RestartPolicy::Replica, &args.rdzv, false)?;
-    let address = match &server {
-        Some(server) => retarget(&args.rdzv, server),
-        None => args.rdzv.clone(),
-    };
-    let mut restarts_of = vec![0u32; args.nproc];
-    let mut workers = start(args, RestartPolicy::Replica, &address, |_| 0)?;
-    let mut restarts = 0;
-    loop {
-        if let Some(signal) = signals.received() {
-            return Ok(stop(&mut workers, signal, args.stop_timeout, signals));
+    /// The `all` policy: any failure stops every worker, naming the rank that failed first;
+    /// an error once `--max-restarts` are used up, or when a rank had returned early.
+    fn stop_all(
+        &mut self,
+        server: Option<&LighthouseServer>,
+        workers: &mut [Worker],
+        failure: (usize, std::process::ExitStatus),
+        finished_early: Option<usize>,
+    ) -> Result<(), LaunchError> {
+        let departures = || {
+            server
+                .map(|server| server.lighthouse().departures())
+                .unwrap_or_default()
+        };
+        let Blame { rank, message } = blame(workers, failure, departures)?;
+        eprintln!("afterburner launch: {message}; stopping the other ranks");
+        let last_output = workers
+            .iter()
+            .find(|w| w.rank == rank)
+            .map(Worker::last_output)
+            .unwrap_or_default();
+        end_all(workers, FAIL_GRACE);
+        if let Some(early) = finished_early.filter(|early| *early != rank) {
+            return Err(LaunchError::ExitedEarly {
+                rank: early,
+                then: message,
+            });
         }
-        for local in 0..workers.len() {
-            let Some(status) = workers[local].poll()? else {
-                continue;
-            };
-            if status.success() {
-                continue;
-            }
-            let rank = workers[local].rank;
-            let message = format!("rank {rank} {}", describe(status));
-            if args.nnodes == 1 && !others_running(&mut workers, local) {
-                // Every other replica has finished (or failed for good): a restarted one
-                // would find no live replica to heal from and fail again, restart after
-                // restart.
-                let last_output = workers[local].last_output();
-                end_all(&mut workers, FAIL_GRACE);
-                return Err(LaunchError::NoLiveReplica {
-                    failure: message,
-                    last_output,
-                });
-            }
-            if restarts == args.max_restarts {
-                let last_output = workers[local].last_output();
-                end_all(&mut workers, FAIL_GRACE);
-                return Err(LaunchError::RestartsExhausted {
-                    failure: message,
-                    max_restarts: args.max_restarts,
-                    last_output,
-                });
-            }
-            restarts += 1;
-            restarts_of[local] += 1;
-            eprintln!(
-                "afterburner launch: {message}; starting it again alone (restart {restarts} of \
-                 {}): it is healed from a live replica",
-                args.max_restarts
-            );
-            let launched = place(
-                args,
-                RestartPolicy::Replica,
-                &address,
-                local,
-                restarts_of[local],
-            );
-            workers[local] = Worker::start(&args.program, &launched)?;
+        if self.restarts == self.args.max_restarts {
+            return Err(LaunchError::RestartsExhausted {
+                failure: message,
+                max_restarts: self.args.max_restarts,
+                last_output,
+            });
         }
-        if workers.iter_mut().all(|w| !w.running()) {
-            flush(&mut workers);
-            return Ok(0);
-        }
-        std::thread::sleep(POLL);
+        self.restarts += 1;
+        Ok(())
     }
 }
 
@@ -199,14 +281,14 @@ fn others_running(workers: &mut [Worker], local: usize) -> bool {
 /// a port the last attempt still held); other nodes serve nothing.
 fn serve(
     args: &LaunchArgs,
-    policy: RestartPolicy,
+    given: Option<RestartPolicy>,
     address: &str,
     restart: bool,
 ) -> Result<Option<LighthouseServer>, LaunchError> {
     if args.node_rank != 0 {
         return Ok(None);
     }
-    let config = Launched::quorum_config(args.nproc * args.nnodes, policy, args.collective_timeout);
+    let config = Launched::quorum_config(args.nproc * args.nnodes, given, args.collective_timeout);
     let deadline = Instant::now() + if restart { REBIND } else { Duration::ZERO };
     loop {
         match LighthouseServer::bind_with_token(address, config, launched::token()) {
@@ -241,7 +323,7 @@ fn retarget(address: &str, server: &LighthouseServer) -> String {
 /// Worker `local` of this node's place in the launch.
 fn place(
     args: &LaunchArgs,
-    policy: RestartPolicy,
+    policy: Option<RestartPolicy>,
     address: &str,
     local: usize,
     restart_count: u32,
@@ -259,16 +341,16 @@ fn place(
     }
 }
 
-/// Starts every worker of this node.
+/// Starts every worker of this node (worker `local` restarted `restarts_of[local]` times).
 fn start(
     args: &LaunchArgs,
-    policy: RestartPolicy,
+    policy: Option<RestartPolicy>,
     address: &str,
-    restart_count: impl Fn(usize) -> u32,
+    restarts_of: &[u32],
 ) -> Result<Vec<Worker>, LaunchError> {
     (0..args.nproc)
         .map(|local| {
-            let launched = place(args, policy, address, local, restart_count(local));
+            let launched = place(args, policy, address, local, restarts_of[local]);
             Worker::start(&args.program, &launched)
         })
         .collect()

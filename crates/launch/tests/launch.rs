@@ -49,7 +49,7 @@ fn each_worker_gets_its_place_and_its_output_is_prefixed() {
             })
             .unwrap_or_else(|| panic!("no line of rank {rank} in {stdout}"));
         assert!(
-            line.contains("restarts=0 policy=all lighthouse=127.0.0.1:"),
+            line.contains("restarts=0 policy=auto lighthouse=127.0.0.1:"),
             "{line}"
         );
         let lighthouse = line
@@ -160,16 +160,32 @@ fn under_the_replica_policy_a_failure_after_the_others_finished_is_not_restarted
     assert!(!stderr.contains("starting it again"), "{stderr}");
 }
 
+/// The launcher never reads the program's command line: under `auto` the workers declare
+/// their strategy at the rendezvous (tests/launch_policy.rs at the workspace root drives real
+/// workers), and a program that never meets it (this script, whatever its arguments say) is
+/// restarted as a whole.
 #[test]
-fn the_strategy_chooses_the_policy() {
-    let mut args = vec!["--nproc", "1"];
-    args.extend(sh("echo \"policy $AFTERBURNER_RESTART_POLICY\""));
+fn auto_is_left_to_the_workers_not_read_from_the_programs_arguments() {
+    let mut args = vec!["--nproc", "2", "--max-restarts", "1"];
+    args.extend(sh(
+        "echo \"policy $AFTERBURNER_RESTART_POLICY restart $AFTERBURNER_RESTART_COUNT\"; \
+         if [ \"$AFTERBURNER_RESTART_COUNT\" = 0 ]; then \
+           if [ \"$RANK\" = 1 ]; then exit 5; fi; sleep 10; \
+         fi",
+    ));
     args.extend(["launched", "--strategy", "diloco"]);
     let out = run(&args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    for rank in 0..2 {
+        for restart in 0..2 {
+            let line = format!("[rank {rank}] policy auto restart {restart}");
+            assert!(stdout.contains(&line), "{line}: {stdout}");
+        }
+    }
     assert!(
-        text(&out.stdout).contains("[rank 0] policy replica"),
-        "{}",
-        text(&out.stdout)
+        stderr.contains("restarting all 2 worker(s) (restart 1 of 1)"),
+        "{stderr}"
     );
 }
 

@@ -282,14 +282,12 @@ where
     B: AutodiffBackend,
     G: ProcessGroup<Inner<B>> + Clone + Send + 'static,
 {
-    fn name(&self) -> &'static str {
-        "diloco"
-    }
-
     /// Replicas step on their own and sync periodically: one that dies is restarted alone
     /// and healed from a live replica (`join`).
-    fn heals_alone(&self) -> bool {
-        true
+    const HEALS_ALONE: bool = true;
+
+    fn name(&self) -> &'static str {
+        "diloco"
     }
 
     fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {

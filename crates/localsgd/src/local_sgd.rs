@@ -77,14 +77,12 @@ pub(crate) fn any_rank<B: AutodiffBackend, G: ProcessGroup<Inner<B>> + ?Sized>(
 }
 
 impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for LocalSgd<B, G> {
-    fn name(&self) -> &'static str {
-        "local-sgd"
-    }
-
     /// Replicas step on their own and sync periodically: one that dies is restarted alone
     /// and healed from a live replica (`join`).
-    fn heals_alone(&self) -> bool {
-        true
+    const HEALS_ALONE: bool = true;
+
+    fn name(&self) -> &'static str {
+        "local-sgd"
     }
 
     fn group(&self) -> Option<&dyn ProcessGroup<Inner<B>>> {

@@ -47,6 +47,15 @@ pub struct ForwardView<B: AutodiffBackend, M> {
 /// DiLoCo) by implementing it, with [`StateSaving`] for what it saves (an empty impl where
 /// it keeps the single-device state).
 pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
+    /// Whether a replica of this strategy heals alone: one that dies is started again by
+    /// itself and healed from a live replica while the others go on (Local SGD, DiLoCo over a
+    /// quorum group). False (the default) where every rank must restart together from the
+    /// last checkpoint (DDP, ZeRO-1, FSDP, TP). A launched worker declares it at the
+    /// rendezvous: `afterburner launch` then restarts a dead replica alone (policy `replica`)
+    /// or every worker (`all`), and refuses a worker whose strategy does not fit the policy it
+    /// was given. A strategy of your own says so here.
+    const HEALS_ALONE: bool = false;
+
     /// A short name for logs and errors ("single-device", "ddp", ...).
     fn name(&self) -> &'static str;
 
@@ -206,17 +215,6 @@ pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
     /// every rank steps on the same gradients); false when ranks step on their own (Local SGD,
     /// DiLoCo) or on a single device. The Trainer counts a step's items by it.
     fn averages_gradients(&self) -> bool {
-        false
-    }
-
-    /// Whether a replica of this strategy heals alone: one that dies is started again by
-    /// itself and healed from a live replica while the others go on (Local SGD, DiLoCo over a
-    /// quorum group). False (the default) where every rank must restart together from the
-    /// last checkpoint (DDP, ZeRO-1, FSDP, TP). Under `afterburner launch` a strategy that
-    /// heals alone needs the launch's `replica` restart policy, the others its `all` one: a
-    /// worker under the other policy fails at setup with an error that says so. A strategy of
-    /// your own declares it here.
-    fn heals_alone(&self) -> bool {
         false
     }
 

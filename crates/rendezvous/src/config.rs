@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::RendezvousError;
+use crate::{PolicyRule, RendezvousError};
 
 /// The settings of a fault-tolerant replica group.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -14,18 +14,23 @@ pub struct QuorumConfig {
     pub timeout: Duration,
     /// How long a joining replica waits for a live replica's state.
     pub join_timeout: Duration,
-    /// The fewest members a collective may complete with; fewer fail it on every member.
+    /// The fewest members a collective may complete with; fewer fail it on every member
+    /// (every replica, whatever this says, once the restart policy is `all`).
     pub min_replicas: usize,
+    /// How the restart policy of a launch is settled (unchecked by default).
+    pub restart: PolicyRule,
 }
 
 impl QuorumConfig {
-    /// `replicas` replicas, a 60 s collective timeout, 10 min to be healed, at least 1 member.
+    /// `replicas` replicas, a 60 s collective timeout, 10 min to be healed, at least 1 member,
+    /// no launch restart policy.
     pub fn new(replicas: usize) -> Self {
         Self {
             replicas,
             timeout: Duration::from_secs(60),
             join_timeout: Duration::from_secs(600),
             min_replicas: 1,
+            restart: PolicyRule::Unchecked,
         }
     }
 
@@ -44,6 +49,13 @@ impl QuorumConfig {
     /// This config with another minimum membership.
     pub fn with_min_replicas(mut self, min_replicas: usize) -> Self {
         self.min_replicas = min_replicas;
+        self
+    }
+
+    /// This config with a launch's restart policy rule: given to the launcher, or settled by
+    /// the workers' declarations.
+    pub fn with_restart(mut self, restart: impl Into<PolicyRule>) -> Self {
+        self.restart = restart.into();
         self
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::{QuorumConfig, RendezvousError};
+use crate::{PolicyRule, QuorumConfig, RendezvousError};
 
 /// The global rank of this worker (torchrun's name).
 pub const RANK: &str = "RANK";
@@ -29,8 +29,11 @@ pub const LIGHTHOUSE: &str = "AFTERBURNER_LIGHTHOUSE";
 pub const RESTART_COUNT: &str = "AFTERBURNER_RESTART_COUNT";
 /// The launch's `--max-restarts`.
 pub const MAX_RESTARTS: &str = "AFTERBURNER_MAX_RESTARTS";
-/// The restart policy, [`RestartPolicy`]'s spelling.
+/// The restart policy the launcher was given, [`RestartPolicy`]'s spelling, or `auto` when
+/// the workers' strategy settles it at the rendezvous.
 pub const RESTART_POLICY: &str = "AFTERBURNER_RESTART_POLICY";
+/// [`RESTART_POLICY`]'s value when the workers' strategy settles the policy.
+pub const AUTO: &str = "auto";
 /// Seconds a collective waits for a late rank before it fails (or, under the replica
 /// policy, drops it).
 pub const COLLECTIVE_TIMEOUT_S: &str = "AFTERBURNER_COLLECTIVE_TIMEOUT_S";
@@ -123,8 +126,9 @@ pub struct Launched {
     pub lighthouse: String,
     /// Restarts of this worker so far.
     pub restart_count: u32,
-    /// The launch's restart policy.
-    pub policy: RestartPolicy,
+    /// The restart policy the launcher was given (`None`: `auto`, the workers' strategy
+    /// settles it at the rendezvous, each worker declaring what it runs).
+    pub policy: Option<RestartPolicy>,
     /// How long a collective waits for a late rank.
     pub collective_timeout: Duration,
 }
@@ -149,8 +153,9 @@ impl Launched {
             value.trim().parse().map_err(|_| invalid(name, value))
         };
         let policy = match var(RESTART_POLICY) {
-            None => RestartPolicy::default(),
-            Some(value) => value.parse()?,
+            None => None,
+            Some(value) if value.trim().eq_ignore_ascii_case(AUTO) => None,
+            Some(value) => Some(value.parse()?),
         };
         let collective_timeout = match var(COLLECTIVE_TIMEOUT_S) {
             None => Duration::from_secs(300),
@@ -211,7 +216,10 @@ impl Launched {
             (MASTER_PORT, port.to_string()),
             (LIGHTHOUSE, self.lighthouse.clone()),
             (RESTART_COUNT, self.restart_count.to_string()),
-            (RESTART_POLICY, self.policy.to_string()),
+            (
+                RESTART_POLICY,
+                self.policy.map_or(AUTO.to_string(), |p| p.to_string()),
+            ),
             (
                 COLLECTIVE_TIMEOUT_S,
                 self.collective_timeout.as_secs_f64().to_string(),
@@ -219,19 +227,23 @@ impl Launched {
         ]
     }
 
-    /// The lighthouse settings a launcher serves for `world_size` workers under `policy`:
-    /// under [`RestartPolicy::All`] every rank is required (a lost one fails every rank's
-    /// collective); under [`RestartPolicy::Replica`] the others go on.
+    /// The lighthouse settings a launcher serves for `world_size` workers: the restart policy
+    /// `given` to the launcher (`Some`, e.g. `--restart-policy all`), or settled by the first
+    /// worker's declaration (`None`, `auto`). Under [`RestartPolicy::All`] every rank is
+    /// required (a lost one fails every rank's collective); under [`RestartPolicy::Replica`]
+    /// the others go on.
     pub fn quorum_config(
         world_size: usize,
-        policy: RestartPolicy,
+        given: impl Into<Option<RestartPolicy>>,
         collective_timeout: Duration,
     ) -> QuorumConfig {
-        let config = QuorumConfig::new(world_size).with_timeout(collective_timeout);
-        match policy {
-            RestartPolicy::All => config.with_min_replicas(world_size),
-            RestartPolicy::Replica => config,
-        }
+        let rule = match given.into() {
+            Some(policy) => PolicyRule::Given(policy),
+            None => PolicyRule::FromWorkers,
+        };
+        QuorumConfig::new(world_size)
+            .with_timeout(collective_timeout)
+            .with_restart(rule)
     }
 }
 
@@ -274,14 +286,26 @@ mod tests {
             node_rank: 1,
             lighthouse: "10.0.0.1:29500".into(),
             restart_count: 2,
-            policy: RestartPolicy::Replica,
+            policy: Some(RestartPolicy::Replica),
             collective_timeout: Duration::from_secs(30),
         };
         let written = launched.to_vars();
         let pairs: Vec<(&str, &str)> = written.iter().map(|(k, v)| (*k, v.as_str())).collect();
         assert!(pairs.contains(&(MASTER_ADDR, "10.0.0.1")));
         assert!(pairs.contains(&(MASTER_PORT, "29500")));
-        assert_eq!(Launched::from_vars(vars(&pairs)), Ok(Some(launched)));
+        assert_eq!(
+            Launched::from_vars(vars(&pairs)),
+            Ok(Some(launched.clone()))
+        );
+        // `auto`: the workers' strategy settles the policy.
+        let auto = Launched {
+            policy: None,
+            ..launched
+        };
+        let written = auto.to_vars();
+        let pairs: Vec<(&str, &str)> = written.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert!(pairs.contains(&(RESTART_POLICY, "auto")));
+        assert_eq!(Launched::from_vars(vars(&pairs)), Ok(Some(auto)));
     }
 
     /// Issue 41: values no launcher writes are named errors, never a panic or a setting the

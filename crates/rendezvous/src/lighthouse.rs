@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::QuorumConfig;
 use crate::RendezvousError;
+use crate::agreement::Agreement;
 use crate::config::invalid;
 use crate::round::{Op, Outcome, Round, combine};
 
@@ -102,6 +103,8 @@ const KEPT_RESULTS: usize = 8;
 /// threads (afterburner-parallel's `LocalReplicas::replica`), or serve it over TCP.
 pub struct Lighthouse {
     config: QuorumConfig,
+    /// The restart policy, as settled so far (agreement.rs).
+    pub(crate) policy: Mutex<Agreement>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -123,6 +126,7 @@ impl Lighthouse {
             .collect();
         Ok(Arc::new(Self {
             config,
+            policy: Mutex::new(Agreement::new(config.restart)),
             state: Mutex::new(State {
                 members,
                 ..State::default()
@@ -396,7 +400,9 @@ impl Lighthouse {
             return;
         };
         let missing = Self::why_missing(state, &expected);
-        let result = combine(round, &expected, seq, self.config.min_replicas, &missing);
+        let min_replicas =
+            (self.agreement()).min_replicas(self.config.min_replicas, self.config.replicas);
+        let result = combine(round, &expected, seq, min_replicas, &missing);
         if let Ok((_, members)) = &result {
             let left: Vec<usize> = state
                 .last_members

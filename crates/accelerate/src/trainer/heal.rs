@@ -7,7 +7,7 @@ use burn::lr_scheduler::LrScheduler;
 
 use super::{Metrics, Trainer, TrainerTypes, list_checkpoints, lost_model};
 use crate::AccelerateError;
-use crate::parallel::{Launched, RestartPolicy};
+use crate::parallel::Launched;
 
 impl<T: TrainerTypes> Trainer<T> {
     /// The checkpoint to resume from: `resume_from_checkpoint`, or the newest one in
@@ -18,7 +18,8 @@ impl<T: TrainerTypes> Trainer<T> {
             return Some(resume.clone());
         }
         let launched = Launched::from_env().ok().flatten()?;
-        let restarted = launched.restart_count > 0 && launched.policy == RestartPolicy::All;
+        // Replicas that heal alone are set up by `join` instead (`join_the_run`).
+        let restarted = launched.restart_count > 0 && !self.acc.is_fault_tolerant();
         let newest = list_checkpoints(&self.args.output_dir).pop()?;
         restarted.then(|| {
             tracing::warn!(

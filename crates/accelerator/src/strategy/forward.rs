@@ -134,10 +134,6 @@ macro_rules! forward_impl {
                 dispatch!(self, s => ParallelStrategy::<B>::averages_gradients(s))
             }
 
-            fn heals_alone(&self) -> bool {
-                dispatch!(self, s => ParallelStrategy::<B>::heals_alone(s))
-            }
-
             fn finish<M: AutodiffModule<B>>(&mut self, model: M, steps: u64) -> Result<M, ParallelError> {
                 dispatch!(self, s => ParallelStrategy::<B>::finish(s, model, steps))
             }

@@ -74,6 +74,21 @@ macro_rules! built_in_strategies {
             }
         }
 
+        impl StrategyConfig {
+            /// Whether the strategy this config chooses heals alone: its type's
+            /// [`ParallelStrategy::HEALS_ALONE`](afterburner_parallel::ParallelStrategy::HEALS_ALONE)
+            /// (`U`'s for the name `U` was registered under). A launched worker declares the
+            /// restart policy it needs from it.
+            pub fn heals_alone<B: AutodiffBackend, U: NamedStrategy<B>>(&self) -> bool {
+                $(
+                    if self.name() == $name {
+                        return <$strategy as afterburner_parallel::ParallelStrategy<B>>::HEALS_ALONE;
+                    }
+                )+
+                self.name() == U::NAME && U::HEALS_ALONE
+            }
+        }
+
         forward_every_phase!($($variant)+);
     };
 }

@@ -5,6 +5,7 @@
 use std::net::ToSocketAddrs;
 use std::time::Duration;
 
+use afterburner_rendezvous::Declaration;
 use burn::tensor::backend::Backend;
 
 use super::QuorumGroup;
@@ -31,7 +32,20 @@ pub fn connect_tcp_with_token<B: Backend>(
     wait: Duration,
     token: Option<&str>,
 ) -> Result<QuorumGroup<B>, ParallelError> {
-    let connection = afterburner_rendezvous::connect(address, replica, wait, token)?;
+    connect_declaring(address, replica, device, wait, token, None)
+}
+
+/// [`connect_tcp_with_token`] presenting what the worker runs (`declaration`) to a launch's
+/// lighthouse, which refuses a strategy that does not fit the launch's restart policy.
+pub(crate) fn connect_declaring<B: Backend>(
+    address: impl ToSocketAddrs,
+    replica: usize,
+    device: &B::Device,
+    wait: Duration,
+    token: Option<&str>,
+    declaration: Option<&Declaration>,
+) -> Result<QuorumGroup<B>, ParallelError> {
+    let connection = afterburner_rendezvous::connect(address, replica, wait, token, declaration)?;
     Ok(QuorumGroup::new(
         connection.coordinator,
         connection.session,
