@@ -358,7 +358,7 @@ fn sigterm_to_the_launcher_stops_every_worker_with_the_graceful_save() {
         let line = format!("[rank {rank}] error: training stopped by a signal at step");
         assert!(stderr.contains(&line), "{stderr}");
     }
-    let saved = afterburner::trainer::list_checkpoints(&out);
+    let saved = afterburner::trainer::list_checkpoints(&afterburner::FileCheckpointer, &out);
     assert_eq!(saved.len(), 1, "one graceful-stop checkpoint: {saved:?}");
     let _ = std::fs::remove_dir_all(out);
 }

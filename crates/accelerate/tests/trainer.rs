@@ -9,7 +9,7 @@ use afterburner::trainer::{
     HfSchedule, IntervalStrategy, SchedulerType, TrainLoss, Trainer, TrainingArguments,
     checkpoint_dir, list_checkpoints,
 };
-use afterburner::{Accelerator, StrategyConfig};
+use afterburner::{Accelerator, FileCheckpointer, StrategyConfig};
 use afterburner_demos::{ImageDataset, digits};
 use burn::optim::AdamWConfig;
 use burn::train::metric::AccuracyMetric;
@@ -129,7 +129,10 @@ fn events_fire_at_the_right_optimizer_steps_under_accumulation_4() {
     };
     assert_eq!(steps_with("loss"), vec![1, 2, 4, 6, 8, 10, 12]);
     assert_eq!(steps_with("eval_accuracy"), vec![3, 6, 9, 12]);
-    let saved: Vec<u64> = list_checkpoints(&out).iter().map(|(s, _)| *s).collect();
+    let saved: Vec<u64> = list_checkpoints(&FileCheckpointer, &out)
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
     // Every 5 steps, and the last step (HF saves at the end under "steps").
     assert_eq!(saved, vec![5, 10, 12]);
     // The learning rate logged is the one the step used.
@@ -251,7 +254,10 @@ fn rotation_keeps_the_best_checkpoint_and_the_newest() {
         summary.best_model_checkpoint.as_deref(),
         Some(best.as_path())
     );
-    let kept: Vec<u64> = list_checkpoints(&out).iter().map(|(s, _)| *s).collect();
+    let kept: Vec<u64> = list_checkpoints(&FileCheckpointer, &out)
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
     assert_eq!(kept, vec![2, 10]);
     // load_best_model_at_end: the model is the best checkpoint's, not the last one.
     let mut check = trainer(
@@ -288,7 +294,10 @@ fn a_limit_of_one_ends_with_only_the_best_checkpoint_as_hf() {
         summary.best_model_checkpoint.as_deref(),
         Some(checkpoint_dir(&out, 2).as_path())
     );
-    let kept: Vec<u64> = list_checkpoints(&out).iter().map(|(s, _)| *s).collect();
+    let kept: Vec<u64> = list_checkpoints(&FileCheckpointer, &out)
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
     assert_eq!(kept, vec![2], "HF keeps only the best at the end");
     std::fs::remove_dir_all(out).ok();
 }

@@ -19,7 +19,7 @@ use crate::data::{DataLoaderShard, DataProgress, FaultSlot};
 pub use crate::outcome::{Counters, StepOutcome};
 use crate::rng::derive_seed;
 use crate::strategy::AnyStrategy;
-use crate::{AccelerateError, AcceleratorConfig, NonFinitePolicy};
+use crate::{AccelerateError, AcceleratorConfig, Checkpointer, FileCheckpointer, NonFinitePolicy};
 
 /// Domain tag for the per-step backend seeds.
 const BACKEND_SEED_DOMAIN: u64 = 0xB0A7;
@@ -69,6 +69,8 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     pub(crate) synced: bool,
     /// What this rank sent through collectives.
     pub(crate) traffic: Traffic,
+    /// Where saved states are stored (directories on disk by default).
+    pub(crate) checkpointer: Arc<dyn Checkpointer>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -151,6 +153,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             strategy,
             synced: false,
             traffic,
+            checkpointer: Arc::new(FileCheckpointer),
         })
     }
 

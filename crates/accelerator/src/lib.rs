@@ -62,7 +62,7 @@ pub use afterburner_precision::{Autocast, Precision, count_flops, flops_counted}
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
 pub use error::AccelerateError;
 pub use group::Group;
-pub use save::{StateParts, Stateful, is_state_dir};
+pub use save::{Checkpointer, FileCheckpointer, StateFiles, StateParts, Stateful, is_state_dir};
 pub use strategy::{
     AnyStrategy, NamedStrategy, NoStrategy, RegisteredConfig, StrategyConfig, register_strategy,
 };

@@ -1,14 +1,12 @@
 //! The Trainer's checkpoint directories: `output_dir/checkpoint-<step>/`, the newest one, and
 //! rotation by `save_total_limit` that never deletes the best checkpoint.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
 
 use super::TrainerState;
-use crate::is_state_dir;
-use crate::{AccelerateError, StateParts};
+use crate::{AccelerateError, Checkpointer, StateParts};
 
 const PREFIX: &str = "checkpoint-";
 
@@ -17,19 +15,17 @@ pub fn checkpoint_dir(output_dir: &Path, step: u64) -> PathBuf {
     output_dir.join(format!("{PREFIX}{step}"))
 }
 
-/// Every complete checkpoint in `output_dir` (a `checkpoint-<step>` directory holding a
-/// saved state), oldest step first. Other entries are left alone.
-pub fn list_checkpoints(output_dir: &Path) -> Vec<(u64, PathBuf)> {
-    let Ok(entries) = fs::read_dir(output_dir) else {
-        return Vec::new();
-    };
-    let mut found: Vec<(u64, PathBuf)> = entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
+/// Every complete checkpoint `checkpointer` holds in `output_dir` (a `checkpoint-<step>`
+/// location holding a saved state; the default store's are directories), oldest step first.
+/// Other entries are left alone.
+pub fn list_checkpoints(checkpointer: &dyn Checkpointer, output_dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = checkpointer
+        .list(output_dir)
+        .into_iter()
+        .filter_map(|name| {
             let step = name.strip_prefix(PREFIX)?.parse::<u64>().ok()?;
-            let kind = entry.file_type().ok()?;
-            (kind.is_dir() && is_state_dir(&entry.path())).then(|| (step, entry.path()))
+            let dir = output_dir.join(&name);
+            checkpointer.is_saved(&dir).then_some((step, dir))
         })
         .collect();
     found.sort();
@@ -37,10 +33,14 @@ pub fn list_checkpoints(output_dir: &Path) -> Vec<(u64, PathBuf)> {
 }
 
 /// The checkpoint `resume_from_checkpoint` names: "latest" (the newest complete checkpoint
-/// in `output_dir`) or a directory.
-pub fn resolve_checkpoint(output_dir: &Path, resume: &str) -> Result<PathBuf, AccelerateError> {
+/// in `output_dir`) or a directory, as `checkpointer` stores them.
+pub fn resolve_checkpoint(
+    checkpointer: &dyn Checkpointer,
+    output_dir: &Path,
+    resume: &str,
+) -> Result<PathBuf, AccelerateError> {
     if resume == "latest" {
-        return list_checkpoints(output_dir)
+        return list_checkpoints(checkpointer, output_dir)
             .pop()
             .map(|(_, dir)| dir)
             .ok_or_else(|| {
@@ -55,7 +55,7 @@ pub fn resolve_checkpoint(output_dir: &Path, resume: &str) -> Result<PathBuf, Ac
             });
     }
     let dir = PathBuf::from(resume);
-    match is_state_dir(&dir) {
+    match checkpointer.is_saved(&dir) {
         true => Ok(dir),
         false => Err(AccelerateError::argument(
             "resume_from_checkpoint",
@@ -68,7 +68,12 @@ pub fn resolve_checkpoint(output_dir: &Path, resume: &str) -> Result<PathBuf, Ac
 /// The saved best checkpoint `best`, found again when the run folder was copied or moved:
 /// the same `checkpoint-<step>` name in `output_dir`, else beside the checkpoint `resumed`
 /// from, else `best` as saved.
-pub fn relocate_best(best: PathBuf, output_dir: &Path, resumed: &Path) -> PathBuf {
+pub fn relocate_best(
+    checkpointer: &dyn Checkpointer,
+    best: PathBuf,
+    output_dir: &Path,
+    resumed: &Path,
+) -> PathBuf {
     let Some(name) = best.file_name() else {
         return best;
     };
@@ -76,7 +81,7 @@ pub fn relocate_best(best: PathBuf, output_dir: &Path, resumed: &Path) -> PathBu
     [Some(output_dir.join(name)), beside_resumed]
         .into_iter()
         .flatten()
-        .find(|candidate| is_state_dir(candidate))
+        .find(|candidate| checkpointer.is_saved(candidate))
         .unwrap_or(best)
 }
 
@@ -106,27 +111,30 @@ pub fn checkpoints_to_delete(
 
 /// The checkpoints in `output_dir` other than `best`: what HF's Trainer deletes at the end of
 /// training under `save_total_limit = 1`.
-pub(crate) fn all_but_best(output_dir: &Path, best: &Path) -> Vec<PathBuf> {
-    list_checkpoints(output_dir)
+pub(crate) fn all_but_best(
+    checkpointer: &dyn Checkpointer,
+    output_dir: &Path,
+    best: &Path,
+) -> Vec<PathBuf> {
+    list_checkpoints(checkpointer, output_dir)
         .into_iter()
         .filter(|(_, dir)| !same_dir(dir, best))
         .map(|(_, dir)| dir)
         .collect()
 }
 
-/// Deletes the checkpoint directories `dirs`.
-pub(crate) fn delete_checkpoints(dirs: Vec<PathBuf>) -> Result<(), AccelerateError> {
-    for dir in dirs {
-        fs::remove_dir_all(&dir)
-            .map_err(|e| AccelerateError::io("delete old checkpoint", &dir, e))?;
-    }
-    Ok(())
+/// Deletes the checkpoints `dirs`.
+pub(crate) fn delete_checkpoints(
+    checkpointer: &dyn Checkpointer,
+    dirs: Vec<PathBuf>,
+) -> Result<(), AccelerateError> {
+    dirs.iter().try_for_each(|dir| checkpointer.remove(dir))
 }
 
 /// Warns when `output_dir` holds checkpoints already, before a fresh run trains there: its
 /// own will mix with them (rotation may delete theirs, "latest" picks the newest of either).
-pub(crate) fn warn_of_another_run(output_dir: &Path) {
-    let found = list_checkpoints(output_dir);
+pub(crate) fn warn_of_another_run(checkpointer: &dyn Checkpointer, output_dir: &Path) {
+    let found = list_checkpoints(checkpointer, output_dir);
     if let Some((newest, _)) = found.last() {
         tracing::warn!(
             output_dir = %output_dir.display(),
@@ -169,7 +177,10 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
+    use crate::FileCheckpointer;
 
     fn dirs(steps: &[u64]) -> Vec<(u64, PathBuf)> {
         steps
@@ -190,15 +201,19 @@ mod tests {
         let saved = checkpoint_dir(Path::new("/gone/run"), 20);
         // In the output dir, or beside the checkpoint resumed from.
         let resumed = checkpoint_dir(&copy, 30);
-        assert_eq!(relocate_best(saved.clone(), &copy, &resumed), best_here);
+        let files = &FileCheckpointer;
         assert_eq!(
-            relocate_best(saved.clone(), &root.join("other"), &resumed),
+            relocate_best(files, saved.clone(), &copy, &resumed),
+            best_here
+        );
+        assert_eq!(
+            relocate_best(files, saved.clone(), &root.join("other"), &resumed),
             best_here
         );
         // Nowhere to be found: as saved.
         let elsewhere = root.join("elsewhere");
         assert_eq!(
-            relocate_best(saved.clone(), &elsewhere, &elsewhere.join("x")),
+            relocate_best(files, saved.clone(), &elsewhere, &elsewhere.join("x")),
             saved
         );
         fs::remove_dir_all(root).ok();

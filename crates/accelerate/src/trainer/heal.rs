@@ -20,7 +20,7 @@ impl<T: TrainerTypes> Trainer<T> {
         let launched = Launched::from_env().ok().flatten()?;
         // Replicas that heal alone are set up by `join` instead (`join_the_run`).
         let restarted = launched.restart_count > 0 && !self.acc.is_fault_tolerant();
-        let newest = list_checkpoints(&self.args.output_dir).pop()?;
+        let newest = list_checkpoints(self.acc.checkpointer(), &self.args.output_dir).pop()?;
         restarted.then(|| {
             tracing::warn!(
                 rank = launched.rank,

@@ -354,6 +354,14 @@ impl<T: TrainerTypes> Trainer<T> {
         self
     }
 
+    /// Stores this Trainer's checkpoints with `checkpointer` (its `checkpoint-<step>` saves,
+    /// their rotation, `resume_from_checkpoint` and "latest") instead of directories on disk:
+    /// [`Accelerator::with_checkpointer`] on its Accelerator. Set it before `train`.
+    pub fn with_checkpointer(mut self, checkpointer: impl crate::Checkpointer + 'static) -> Self {
+        self.acc = self.acc.with_checkpointer(checkpointer);
+        self
+    }
+
     /// Adds a callback, called at every step end, log, evaluation and save.
     pub fn with_callback(mut self, callback: impl TrainerCallback + 'static) -> Self {
         self.callbacks.push(Box::new(callback));

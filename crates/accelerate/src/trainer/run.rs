@@ -45,17 +45,16 @@ impl<T: TrainerTypes> Trainer<T> {
             self.warn_of_another_run();
         }
         if let Some(resume) = resume {
-            let dir = resolve_checkpoint(&self.args.output_dir, &resume)?;
+            let dir = resolve_checkpoint(self.acc.checkpointer(), &self.args.output_dir, &resume)?;
             let planned = self.state.max_steps;
             self.load_checkpoint(&dir)?;
             // The arguments of this run decide its length, as in HF.
             self.state.max_steps = planned;
             // A run folder copied or moved since still finds its best checkpoint.
-            self.state.best_model_checkpoint = self
-                .state
-                .best_model_checkpoint
-                .take()
-                .map(|best| relocate_best(best, &self.args.output_dir, &dir));
+            self.state.best_model_checkpoint =
+                self.state.best_model_checkpoint.take().map(|best| {
+                    relocate_best(self.acc.checkpointer(), best, &self.args.output_dir, &dir)
+                });
         }
         self.log
             .start(&self.state.log_history, self.state.global_step)?;
@@ -182,7 +181,7 @@ impl<T: TrainerTypes> Trainer<T> {
         let finite = self.acc.check_parameters_finite(&model);
         self.model = Some(model);
         finite?;
-        let last_saved = list_checkpoints(&self.args.output_dir)
+        let last_saved = list_checkpoints(self.acc.checkpointer(), &self.args.output_dir)
             .last()
             .map(|(step, _)| *step);
         if self.args.save_strategy == IntervalStrategy::Steps
@@ -343,9 +342,12 @@ impl<T: TrainerTypes> Trainer<T> {
         if let Some(limit) = self.args.save_total_limit
             && self.acc.is_main_process()
         {
-            let all = list_checkpoints(&self.args.output_dir);
+            let all = list_checkpoints(self.acc.checkpointer(), &self.args.output_dir);
             let best = self.state.best_model_checkpoint.as_deref();
-            delete_checkpoints(checkpoints_to_delete(&all, limit, best))?;
+            delete_checkpoints(
+                self.acc.checkpointer(),
+                checkpoints_to_delete(&all, limit, best),
+            )?;
         }
         self.acc.barrier()?;
         for callback in &mut self.callbacks {
@@ -359,7 +361,7 @@ impl<T: TrainerTypes> Trainer<T> {
     fn warn_of_another_run(&self) {
         let fresh = self.args.resume_from_checkpoint.is_none() && self.state.global_step == 0;
         if fresh && !self.args.overwrite_output_dir && self.acc.is_main_process() {
-            warn_of_another_run(&self.args.output_dir);
+            warn_of_another_run(self.acc.checkpointer(), &self.args.output_dir);
         }
     }
 
@@ -373,7 +375,11 @@ impl<T: TrainerTypes> Trainer<T> {
             return Ok(());
         }
         if self.acc.is_main_process() {
-            delete_checkpoints(all_but_best(&self.args.output_dir, best))?;
+            let checkpointer = self.acc.checkpointer();
+            delete_checkpoints(
+                checkpointer,
+                all_but_best(checkpointer, &self.args.output_dir, best),
+            )?;
         }
         self.acc.barrier()
     }

@@ -2,14 +2,12 @@
 //! `save_checkpoint` writes `<project.dir>/checkpoints/checkpoint_<n>` and keeps the newest
 //! `project.keep_last`; `load_checkpoint` loads the newest that loads.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use afterburner_parallel::ParallelStrategy;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::files::is_state_dir;
-use super::files::{holds_only_state_files, unique_sibling};
+use super::Checkpointer;
 use crate::{AccelerateError, Accelerator, StateParts};
 
 /// A checkpoint directory's name prefix.
@@ -29,7 +27,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         parts: &StateParts<'_, B, S>,
     ) -> Result<PathBuf, AccelerateError> {
         let root = self.checkpoints_dir()?;
-        let next = numbered(&root)
+        let next = numbered(&*self.checkpointer, &root)
             .iter()
             .map(|(n, _)| n + 1)
             .max()
@@ -44,7 +42,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         let dir = root.join(format!("{PREFIX}{next}"));
         self.save_parts(&dir, parts)?;
         if self.is_main_process() {
-            rotate(&root, self.config.project.keep_last);
+            rotate(&*self.checkpointer, &root, self.config.project.keep_last);
         }
         Ok(dir)
     }
@@ -61,9 +59,9 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         parts: &mut StateParts<'_, B, S>,
     ) -> Result<Option<PathBuf>, AccelerateError> {
         let root = self.checkpoints_dir()?;
-        let mut found: Vec<(u64, PathBuf)> = numbered(&root)
+        let mut found: Vec<(u64, PathBuf)> = numbered(&*self.checkpointer, &root)
             .into_iter()
-            .filter(|(_, dir)| is_state_dir(dir))
+            .filter(|(_, dir)| self.checkpointer.is_saved(dir))
             .collect();
         found.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
         let newest = found.first().map_or(0, |(n, _)| *n + 1);
@@ -74,12 +72,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             )));
         }
         let mut first_error = None;
-        let mut damaged = Vec::new();
+        let mut damaged: Vec<PathBuf> = Vec::new();
         for (_, dir) in found {
             let error = match self.load_parts(&dir, parts) {
                 Ok(()) => {
                     if self.is_main_process() {
-                        set_aside(&damaged);
+                        damaged.iter().for_each(|d| self.checkpointer.set_aside(d));
                     }
                     return Ok(Some(dir));
                 }
@@ -118,31 +116,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     }
 }
 
-/// Renames damaged checkpoints aside (`.checkpoint_<n>.damaged-…`, kept for inspection), so
-/// rotation no longer counts them among the ones it keeps.
-fn set_aside(damaged: &[PathBuf]) {
-    for dir in damaged {
-        let aside = unique_sibling(dir, "damaged");
-        match fs::rename(dir, &aside) {
-            Ok(()) => {
-                tracing::warn!(checkpoint = %dir.display(), kept = %aside.display(), "damaged checkpoint set aside")
-            }
-            Err(e) => {
-                tracing::warn!(checkpoint = %dir.display(), error = %e, "cannot set a damaged checkpoint aside")
-            }
-        }
-    }
-}
-
 /// Every entry of `root` named `checkpoint_<n>`, with its number.
-fn numbered(root: &Path) -> Vec<(u64, PathBuf)> {
-    let Ok(entries) = fs::read_dir(root) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
+fn numbered(checkpointer: &dyn Checkpointer, root: &Path) -> Vec<(u64, PathBuf)> {
+    checkpointer
+        .list(root)
+        .into_iter()
+        .filter_map(|name| {
             let digits = name.strip_prefix(PREFIX)?;
             let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
             // An absurd number is no checkpoint of ours (and would overflow the next one).
@@ -150,41 +129,24 @@ fn numbered(root: &Path) -> Vec<(u64, PathBuf)> {
                 .parse::<u64>()
                 .ok()
                 .filter(|n| plain && *n < MAX_NUMBER)?;
-            Some((n, entry.path()))
+            Some((n, root.join(&name)))
         })
         .collect()
 }
 
-/// Deletes the checkpoints afterburner wrote in `root` beyond the newest `keep`. Each is first
-/// renamed aside (`.checkpoint_<n>.old-…`), so a crash mid-delete never leaves a numbered
-/// directory that looks like a damaged checkpoint; such leftovers are swept here too.
-fn rotate(root: &Path, keep: usize) {
-    let mut ours: Vec<(u64, PathBuf)> = numbered(root)
+/// Deletes the complete checkpoints in `root` beyond the newest `keep`, then lets the
+/// checkpointer sweep what an interrupted deletion left (the file store renames each aside
+/// before deleting it, so a crash never leaves a half-deleted numbered checkpoint).
+fn rotate(checkpointer: &dyn Checkpointer, root: &Path, keep: usize) {
+    let mut ours: Vec<(u64, PathBuf)> = numbered(checkpointer, root)
         .into_iter()
-        .filter(|(_, dir)| is_state_dir(dir))
+        .filter(|(_, dir)| checkpointer.is_saved(dir))
         .collect();
     ours.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
     for (_, dir) in ours.into_iter().skip(keep) {
-        let aside = unique_sibling(&dir, "old");
-        if fs::rename(&dir, &aside).is_ok() {
-            let _ = fs::remove_dir_all(&aside);
+        if let Err(e) = checkpointer.remove(&dir) {
+            tracing::warn!(checkpoint = %dir.display(), error = %e, "cannot delete an old checkpoint");
         }
     }
-    let Ok(entries) = fs::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let deleted_checkpoint = name
-            .strip_prefix('.')
-            .and_then(|rest| rest.strip_prefix(PREFIX))
-            .and_then(|rest| rest.split_once(".old-"))
-            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-        if deleted_checkpoint
-            && entry.file_type().is_ok_and(|t| t.is_dir())
-            && holds_only_state_files(&entry.path())
-        {
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
+    checkpointer.tidy(root);
 }

@@ -3,7 +3,6 @@
 //! alone after a failure. A save is a two-phase commit: all parts are staged, then `dir` is
 //! replaced as a whole.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use afterburner_parallel::{
@@ -11,20 +10,18 @@ use afterburner_parallel::{
 };
 use burn::tensor::backend::AutodiffBackend;
 
-use super::files::{
-    RANK_PREFIX, holds_only_rank_states, is_our_state_dir, is_rank_dir_name, new_staging_dir,
-    swap_into_place, write_state_files,
-};
+use super::Checkpointer;
+use super::files::{RANK_PREFIX, is_rank_dir_name};
 use super::parts::StateParts;
 use super::state::AcceleratorState;
 use crate::{AccelerateError, Accelerator};
 
 impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
-    /// Saves a sharded state by a two-phase commit: rank 0 creates a staging directory next
-    /// to `dir`; every rank writes its part into it; the ranks vote; only if every part is
-    /// written does rank 0 swap the staging directory in place of `dir` (one rename). A
-    /// failure on any rank at any point leaves the previous state complete, and every rank
-    /// returns an error. The ranks must share the file system holding `dir`.
+    /// Saves a sharded state by a two-phase commit over the checkpointer: rank 0 stages a
+    /// fresh location (a directory next to `dir`); every rank writes its part into it; the
+    /// ranks vote; only if every part is written does rank 0 commit it in place of `dir` (one
+    /// rename). A failure on any rank at any point leaves the previous state complete, and
+    /// every rank returns an error. The ranks must share the store holding `dir`.
     pub(crate) fn save_rank_part(
         &self,
         dir: &Path,
@@ -32,20 +29,19 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     ) -> Result<(), AccelerateError> {
         let staging = self.agree_on_staging_dir(dir)?;
         let mine = staging.join(self.rank_dir_name());
-        let staged = self.encode_parts(parts, |_| true).and_then(|files| {
-            fs::create_dir(&mine).map_err(|e| AccelerateError::io("creating", &mine, e))?;
-            write_state_files(&mine, &files)
-        });
+        let staged = self
+            .encode_parts(parts, |_| true)
+            .and_then(|files| self.checkpointer.write(&mine, &files));
         let voted = self.all_ranks_succeeded(&staged, "save_state");
         let committed = voted
             .and(staged)
             .and_then(|()| match self.is_main_process() {
-                true => swap_into_place(&staging, dir),
+                true => self.checkpointer.commit(&staging, dir),
                 false => Ok(()),
             });
         if committed.is_err() && self.is_main_process() {
             // Every rank has voted, so none is still writing in it.
-            let _ = fs::remove_dir_all(&staging);
+            self.checkpointer.discard(&staging);
         }
         // A rank that failed already returned its error with the others' vote; the commit
         // outcome still reaches every rank.
@@ -53,22 +49,17 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         committed
     }
 
-    /// Rank 0 checks `dir` and creates the staging directory of a sharded save; every rank
-    /// learns its path (or rank 0's error).
+    /// Rank 0 checks `dir` and stages the sharded save; every rank learns the staged location
+    /// (or rank 0's error).
     fn agree_on_staging_dir(&self, dir: &Path) -> Result<PathBuf, AccelerateError> {
         let created = match self.is_main_process() {
-            true => self
-                .check_sharded_target(dir)
-                .and_then(|()| new_staging_dir(dir)),
+            true => self.checkpointer.stage(dir),
             false => Ok(PathBuf::new()),
         };
         self.all_ranks_succeeded(&created, "save_state")?;
-        let created = created?;
-        let name = created
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned());
-        let name = self.broadcast_text(name.as_deref())?;
-        Ok(dir.with_file_name(name))
+        let created = created?.to_string_lossy().into_owned();
+        let staged = self.broadcast_text(Some(created.as_str()))?;
+        Ok(PathBuf::from(staged))
     }
 
     /// Errors unless the ranks' parts come from one save: a save that failed on some rank
@@ -109,40 +100,14 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         Ok(broadcast_text(self.strategy.group(), text, &self.device)?)
     }
 
-    /// Errors unless `dir` is absent, or a real directory holding only rank directories
-    /// afterburner wrote (and an older version's leftovers, `.rank-*` directories of state
-    /// files): the whole directory is replaced, so it must hold nothing of the user's.
-    fn check_sharded_target(&self, dir: &Path) -> Result<(), AccelerateError> {
-        let Ok(meta) = fs::symlink_metadata(dir) else {
-            return Ok(());
-        };
-        let foreign = || AccelerateError::NotAStateDir {
-            dir: dir.to_path_buf(),
-        };
-        if meta.file_type().is_symlink() {
-            return Err(AccelerateError::StateDirIsLink {
-                dir: dir.to_path_buf(),
-                target: fs::read_link(dir).unwrap_or_default(),
-            });
-        }
-        // A full state of ours (e.g. saved under DDP before this ZeRO-1 run) is replaced too.
-        match meta.is_dir() && (is_our_state_dir(dir) || holds_only_rank_states(dir)) {
-            true => Ok(()),
-            false => Err(foreign()),
-        }
-    }
-
     /// The error for a sharded load whose rank directory is missing, naming what is there.
     pub(crate) fn missing_rank_dir(&self, dir: &Path, mine: &Path) -> AccelerateError {
-        let mut found: Vec<String> = fs::read_dir(dir)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with(RANK_PREFIX))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut found: Vec<String> = self
+            .checkpointer
+            .list(dir)
+            .into_iter()
+            .filter(|n| n.starts_with(RANK_PREFIX))
+            .collect();
         found.sort();
         let loads = match self.strategy.state_layout().reshards() {
             true => {
@@ -192,19 +157,16 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
 
 /// The rank directories of the sharded state in `dir`, in rank order, when they form one
 /// complete save (`rank-<r>-of-<n>` for every r below one n); empty otherwise.
-pub(crate) fn saved_rank_dirs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut found: Vec<(usize, usize, PathBuf)> = entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
+pub(crate) fn saved_rank_dirs(checkpointer: &dyn Checkpointer, dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<(usize, usize, PathBuf)> = checkpointer
+        .list(dir)
+        .into_iter()
+        .filter_map(|name| {
             if !is_rank_dir_name(&name) {
                 return None;
             }
             let (rank, world) = name.strip_prefix(RANK_PREFIX)?.split_once("-of-")?;
-            Some((world.parse().ok()?, rank.parse().ok()?, entry.path()))
+            Some((world.parse().ok()?, rank.parse().ok()?, dir.join(&name)))
         })
         .collect();
     found.sort();

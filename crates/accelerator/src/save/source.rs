@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use afterburner_parallel::{ParallelStrategy, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 
-use super::files::{MANIFEST, read_verified};
 use super::parts::{Mode, StateParts, part_file};
 use super::sharded::saved_rank_dirs;
 use super::state::{ACCELERATOR_FILE, AcceleratorState, StateFiles};
@@ -31,7 +30,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         if !layout.reshards() {
             return Ok((mine, Mode::Local, true, Vec::new()));
         }
-        let full = dir.join(MANIFEST).is_file();
+        let full = self.checkpointer.holds_state(dir);
         // Every rank must take the same path (each runs collectives).
         if !self.same_on_every_rank(&[u64::from(full)])? {
             return Err(AccelerateError::RanksDisagree(format!(
@@ -43,9 +42,9 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         if full {
             return Ok((dir.to_path_buf(), Mode::Gathered, false, Vec::new()));
         }
-        let saved = match mine.is_dir() {
+        let saved = match self.checkpointer.exists(&mine) {
             true => Vec::new(),
-            false => saved_rank_dirs(dir),
+            false => saved_rank_dirs(&*self.checkpointer, dir),
         };
         if !self.same_on_every_rank(&[saved.len() as u64])? {
             return Err(AccelerateError::RanksDisagree(format!(
@@ -73,7 +72,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         }
         // One saved rank's files in memory at a time: each part reads what it needs.
         for dir in ranks {
-            let rank_files = read_verified(dir)?;
+            let rank_files = self.checkpointer.read(dir)?;
             let same_save = rank_files
                 .iter()
                 .find(|(n, _)| n == ACCELERATOR_FILE)

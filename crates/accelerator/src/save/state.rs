@@ -24,7 +24,6 @@ use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-use super::files::{check_replaceable, read_verified, recover_moved_aside, write_atomically};
 use super::parts::{
     ACCELERATOR_PART, Mode, STRATEGY_PART, Slot, StateParts, part_file, refuse_nonfinite_models,
 };
@@ -37,8 +36,7 @@ pub(crate) const ACCELERATOR_FILE: &str = "accelerator.json";
 /// The strategy's own state (DiLoCo's global parameters, ...), when it keeps any.
 const STRATEGY_FILE: &str = "strategy.mpk";
 
-/// A state directory's files: (file name, bytes).
-pub(crate) type StateFiles = Vec<(String, Vec<u8>)>;
+pub(crate) use super::checkpointer::StateFiles;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct AcceleratorState {
@@ -167,9 +165,10 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         match self.strategy.state_layout() {
             StateLayout::Replicated => {
                 let written = match self.is_main_process() {
-                    true => self
-                        .check_save_target(dir)
-                        .and_then(|()| write_atomically(dir, &self.encode_parts(parts, |_| true)?)),
+                    true => self.check_save_target(dir).and_then(|()| {
+                        self.checkpointer
+                            .write(dir, &self.encode_parts(parts, |_| true)?)
+                    }),
                     false => Ok(()),
                 };
                 self.all_ranks_succeeded(&written, "save_state")?;
@@ -184,7 +183,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 self.all_ranks_succeeded(&local, "save_state")?;
                 let written = self.gather_parts(parts, local?).and_then(|files| {
                     match self.is_main_process() {
-                        true => write_atomically(dir, &files),
+                        true => self.checkpointer.write(dir, &files),
                         false => Ok(()),
                     }
                 });
@@ -229,9 +228,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     ) -> Result<(), AccelerateError> {
         let dir = dir.as_ref();
         parts.check_names()?;
-        recover_moved_aside(dir);
         let (source, mode, per_rank, merged_ranks) = self.state_source(dir)?;
-        let read = match per_rank && !source.is_dir() {
+        let read = match per_rank && !self.checkpointer.exists(&source) {
             true => Err(self.missing_rank_dir(dir, &source)),
             false => self
                 .read_parts(&source, parts)
@@ -319,7 +317,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         dir: &Path,
         parts: &StateParts<'_, B, S>,
     ) -> Result<(StateFiles, AcceleratorState), AccelerateError> {
-        let mut files = read_verified(dir)?;
+        let mut files = self.checkpointer.read(dir)?;
         let state_bytes = files
             .iter()
             .position(|(n, _)| n == ACCELERATOR_FILE)
@@ -410,7 +408,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
 
     /// Errors when `dir` exists but is not a state directory (it is never replaced then).
     pub(crate) fn check_save_target(&self, dir: &Path) -> Result<(), AccelerateError> {
-        check_replaceable(dir)
+        self.checkpointer.check_replaceable(dir)
     }
 
     /// Gives the Accelerator the loaded counters, loss scaler, seed and data position.

@@ -259,10 +259,11 @@ pub(crate) trait Slot<B: AutodiffBackend, S: ParallelStrategy<B>> {
 /// The verified bytes of each file `names` of the saved rank directory `dir` (the rest of the
 /// directory is dropped at once).
 pub(crate) fn rank_files<const N: usize>(
+    checkpointer: &dyn crate::Checkpointer,
     dir: &std::path::Path,
     names: [&str; N],
 ) -> Result<[Vec<u8>; N], AccelerateError> {
-    let mut files = crate::save::files::read_verified(dir)?;
+    let mut files = checkpointer.read(dir)?;
     let mut take = |name: &str| {
         files
             .iter()

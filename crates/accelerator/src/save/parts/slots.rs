@@ -133,7 +133,7 @@ where
         let file = part_file(name);
         let load = |rank: usize| -> Result<M, AccelerateError> {
             let dir = &ranks[rank];
-            let [bytes] = rank_files(dir, [&file])?;
+            let [bytes] = rank_files(&*acc.checkpointer, dir, [&file])?;
             let record =
                 decode_record::<B, M::Record>(bytes, &acc.device, &dir.join(&file), "model")?;
             load_structure(&*self.model, record)
@@ -261,7 +261,7 @@ where
         let mut records = Vec::with_capacity(ranks.len());
         let mut ids_of_rank_0 = None;
         for dir in ranks {
-            let [model, own] = rank_files(dir, [&model_file, &own_file])?;
+            let [model, own] = rank_files(&*acc.checkpointer, dir, [&model_file, &own_file])?;
             let path = dir.join(&model_file);
             let record = decode_record::<B, M::Record>(model, &acc.device, &path, "model")?;
             let saved_model = load_structure(template, record)?;
