@@ -7,7 +7,8 @@
 //!
 //! - [`Accelerator`] + [`AcceleratorConfig`]: the facade (Fabric/Accelerate style): `setup`,
 //!   `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` / `load_state` (and any
-//!   named [`StateParts`]), `dataloader`; its strategy ([`AnyStrategy`]) spreads training.
+//!   named [`StateParts`]), `dataloader`; its strategy ([`AnyStrategy`]) spreads training and
+//!   its [`Checkpointer`] ([`FileCheckpointer`] by default) stores the saved states.
 //! - [`data`]: a device-aware data loader over Burn's `Dataset` and `Batcher` (prefetched on
 //!   a background thread).
 //! - [`rng`]: the one seeded generator (data shuffles and backend seeds).
@@ -22,6 +23,8 @@
 //! - [`localsgd`]: re-export of `afterburner-localsgd`; `strategy = "local-sgd"` or
 //!   `"diloco"` average parameters every K steps instead of gradients every step.
 //! - [`weights`]: pretrained weights from safetensors and PyTorch files.
+//! - [`throughput`]: re-export of `afterburner-throughput` (samples, tokens, FLOP/s and MFU
+//!   over a window of steps, peak memory).
 //!
 //! Saves are atomic (all ranks or none), rotated with `save_checkpoint` (`[project]`
 //! `keep_last`), and a run can stop gracefully on SIGTERM (`stop_on_signal`).
@@ -45,7 +48,6 @@ mod save;
 mod stop;
 mod strategy;
 pub mod suggest;
-pub mod throughput;
 pub mod weights;
 
 pub use accelerator::{Accelerator, Counters, StepOutcome};
@@ -59,6 +61,7 @@ pub use afterburner_parallel::{
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::{Autocast, Precision, count_flops, flops_counted};
+pub use afterburner_throughput as throughput;
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
 pub use error::AccelerateError;
 pub use group::Group;

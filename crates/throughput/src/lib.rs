@@ -1,10 +1,10 @@
-//! Throughput over a window of training steps, as Fabric's `ThroughputMonitor` and
+//! afterburner-throughput: throughput over a window of training steps, as Fabric's `ThroughputMonitor` and
 //! torchtitan's step metrics: samples/s, tokens/s, achieved FLOP/s from the FLOPs `Autocast`
 //! counted (`afterburner::count_flops`), MFU against the device's peak ([`peak_flops`]) and
 //! the process's peak memory ([`peak_memory_bytes`]).
 //!
 //! ```
-//! use afterburner_accelerator::throughput::ThroughputMeter;
+//! use afterburner_throughput::ThroughputMeter;
 //!
 //! let mut meter = ThroughputMeter::start();
 //! // ... train a step of 32 samples of 128 tokens ...
@@ -12,6 +12,8 @@
 //! let window = meter.read();
 //! assert_eq!(window.samples, 32);
 //! ```
+
+#![warn(missing_docs)]
 
 mod memory;
 mod peak;
