@@ -269,10 +269,7 @@ fn registered_worker_program() {
     let launched = Launched::from_env()
         .unwrap()
         .expect("started by the launcher");
-    let config = AcceleratorConfig {
-        strategy: "independent".parse().unwrap(),
-        ..Default::default()
-    };
+    let config = AcceleratorConfig::default().with_strategy("independent".parse().unwrap());
     let mut acc =
         Accelerator::<B, AnyStrategy<B, Independent>>::launched(config, &launched).unwrap();
     let fail_once = std::env::var(WORKER).is_ok_and(|w| w == "fail-once");

@@ -133,8 +133,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         other => other,
     };
     let config = AcceleratorConfig {
-        strategy,
-        devices: workers,
+        parallelism: afterburner::ParallelismConfig {
+            strategy,
+            devices: workers,
+            ..Default::default()
+        },
         ..Default::default()
     };
     // Flex keeps one RNG per process: build the model once, before the workers start.

@@ -83,7 +83,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_n_layers(4)
         .with_max_seq_len(SEQ_LEN);
     let model = config.init::<B>(&device());
-    if !args.strategy.is_distributed() {
+    if !args.parallelism.strategy.is_distributed() {
         let trainer = Trainer::new(model, args, train, test, TokenBatcher)?;
         return train_and_sample(trainer, &prompt);
     }

@@ -100,7 +100,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     let batcher = train.batcher();
     let model = vit.with_num_classes(10).init::<B>(&device());
-    if !args.strategy.is_distributed() {
+    if !args.parallelism.strategy.is_distributed() {
         let trainer = Trainer::new(model, args, train, test, batcher)?;
         return train_and_report(trainer.with_metrics((AccuracyMetric::new(),)));
     }

@@ -176,20 +176,23 @@ fn train_per_op<B: AutodiffBackend>(
     let config = AcceleratorConfig {
         precision: "bf16-mixed".parse().unwrap(),
         autocast: AutocastMode::Op,
-        strategy: match strategy.parse().unwrap() {
-            afterburner::StrategyConfig::Fsdp(_) => {
-                afterburner::StrategyConfig::Fsdp(afterburner::FsdpConfig {
-                    auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-                    ..Default::default()
-                })
-            }
-            other => other,
-        },
         gradient_checkpointing: match checkpoint {
             true => afterburner::CheckpointPolicy::All,
             false => afterburner::CheckpointPolicy::None,
         },
         gradient_accumulation_steps: 2,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match strategy.parse().unwrap() {
+                afterburner::StrategyConfig::Fsdp(_) => {
+                    afterburner::StrategyConfig::Fsdp(afterburner::FsdpConfig {
+                        auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+                        ..Default::default()
+                    })
+                }
+                other => other,
+            },
+            ..Default::default()
+        },
         ..Default::default()
     };
     let ranks = Accelerator::<B>::launch(config, vec![device.clone(); world], move |mut acc| {

@@ -204,8 +204,11 @@ fn resume_at_a_batch_with_prefetch() {
 fn sharding_covers_every_item_once_plus_padding_across_ranks() {
     let _rng = rng_lock();
     let config = AcceleratorConfig {
-        strategy: StrategyConfig::Ddp,
         seed: 5,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Ddp,
+            ..Default::default()
+        },
         ..Default::default()
     };
     // 10 items over 3 ranks in batches of 2: 4 per rank, the 2 padding items repeat the

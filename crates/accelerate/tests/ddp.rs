@@ -13,9 +13,12 @@ use common::*;
 
 fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy: strategy.parse().unwrap(),
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(1.0),
+        parallelism: afterburner::ParallelismConfig {
+            strategy: strategy.parse().unwrap(),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -259,7 +262,10 @@ fn run_starts_config_devices_and_checks_them() {
     let model = vit(3);
     let ranks = Accelerator::<B>::run(
         AcceleratorConfig {
-            devices: 3,
+            parallelism: afterburner::ParallelismConfig {
+                devices: 3,
+                ..config("ddp").parallelism
+            },
             ..config("ddp")
         },
         move |acc| {
@@ -279,7 +285,10 @@ fn run_starts_config_devices_and_checks_them() {
     for (devices, strategy) in [(0, "ddp"), (2, "single-device")] {
         let err = Accelerator::<B>::run(
             AcceleratorConfig {
-                devices,
+                parallelism: afterburner::ParallelismConfig {
+                    devices,
+                    ..config(strategy).parallelism
+                },
                 ..config(strategy)
             },
             |_| Ok(()),

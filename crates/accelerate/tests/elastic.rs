@@ -20,14 +20,17 @@ const GLOBAL_BATCH: usize = 24;
 
 fn config(strategy: &'static str, devices: usize) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy: match strategy.parse().unwrap() {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
-                state_dict_type: StateDictType::Sharded,
-                ..Default::default()
-            }),
-            other => other,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match strategy.parse().unwrap() {
+                StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                    state_dict_type: StateDictType::Sharded,
+                    ..Default::default()
+                }),
+                other => other,
+            },
+            devices,
+            ..Default::default()
         },
-        devices,
         ..Default::default()
     }
 }

@@ -21,16 +21,13 @@ use common::*;
 const STEPS: u64 = 12;
 
 fn config(strategy: &'static str) -> AcceleratorConfig {
-    AcceleratorConfig {
-        strategy: match strategy.parse().unwrap() {
-            StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(DiLoCoConfig {
-                sync_every: 3,
-                ..Default::default()
-            }),
-            other => other,
-        },
-        ..Default::default()
-    }
+    AcceleratorConfig::default().with_strategy(match strategy.parse().unwrap() {
+        StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(DiLoCoConfig {
+            sync_every: 3,
+            ..Default::default()
+        }),
+        other => other,
+    })
 }
 
 /// A replica's record: the step it continued after and its parameters then, its parameters

@@ -24,12 +24,15 @@ fn layers() -> FsdpConfig {
 
 fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy: match strategy.parse().unwrap() {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(layers()),
-            other => other,
-        },
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(0.5),
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match strategy.parse().unwrap() {
+                StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(layers()),
+                other => other,
+            },
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -129,14 +132,11 @@ fn grad_op_bf16_and_checkpointing_compose() {
         "one reduce-scatter per unit and micro-batch"
     );
     let grad_op = train(
-        AcceleratorConfig {
-            strategy: StrategyConfig::Fsdp(FsdpConfig {
-                sharding_strategy: ShardingStrategy::GradOp,
-                auto_wrap_policy: AutoWrapPolicy::Size(5000),
-                ..Default::default()
-            }),
-            ..mixed("fsdp")
-        },
+        mixed("fsdp").with_strategy(StrategyConfig::Fsdp(FsdpConfig {
+            sharding_strategy: ShardingStrategy::GradOp,
+            auto_wrap_policy: AutoWrapPolicy::Size(5000),
+            ..Default::default()
+        })),
         2,
     );
     let err = max_rel(&grad_op[0].0, &ddp[0].0, 1e-3);
@@ -188,8 +188,8 @@ fn fsdp_settings_parse_and_name_typos() {
             "auto_wrap_policy": "size:1000"}}}"#,
     )
     .unwrap();
-    let StrategyConfig::Fsdp(fsdp) = c.strategy else {
-        panic!("{:?}", c.strategy)
+    let StrategyConfig::Fsdp(fsdp) = c.parallelism.strategy else {
+        panic!("{:?}", c.parallelism.strategy)
     };
     assert_eq!(fsdp.sharding_strategy, ShardingStrategy::GradOp);
     assert_eq!(fsdp.auto_wrap_policy, AutoWrapPolicy::Size(1000));
@@ -197,7 +197,7 @@ fn fsdp_settings_parse_and_name_typos() {
     let c: AcceleratorConfig =
         toml::from_str("[strategy.fsdp]\nstate_dict_type = \"FULL_STATE_DICT\"").unwrap();
     assert!(
-        matches!(c.strategy, StrategyConfig::Fsdp(f) if f.state_dict_type == StateDictType::Full)
+        matches!(c.parallelism.strategy, StrategyConfig::Fsdp(f) if f.state_dict_type == StateDictType::Full)
     );
     // Errors name the full key and the allowed values.
     let parse_err = |json: &str| {
@@ -410,13 +410,10 @@ fn a_full_state_resumes_at_any_world_size_and_without_fsdp() {
     let _rng = rng_lock();
     let dir = std::env::temp_dir().join(format!("afterburner-full-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let full = AcceleratorConfig {
-        strategy: StrategyConfig::Fsdp(FsdpConfig {
-            state_dict_type: StateDictType::Full,
-            ..layers()
-        }),
-        ..config("fsdp")
-    };
+    let full = config("fsdp").with_strategy(StrategyConfig::Fsdp(FsdpConfig {
+        state_dict_type: StateDictType::Full,
+        ..layers()
+    }));
     let straight = phase(full.clone(), 2, 8, None, None, 0..2);
     let saved = phase(full.clone(), 2, 8, None, Some(dir.clone()), 0..1);
     assert!(

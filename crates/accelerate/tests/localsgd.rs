@@ -18,17 +18,14 @@ use common::*;
 type Trace = Vec<(Vec<Vec<f32>>, u64)>;
 
 fn config(strategy: &'static str) -> AcceleratorConfig {
-    AcceleratorConfig {
-        strategy: match strategy.parse().unwrap() {
-            StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
-                local_sgd_steps: 3,
-                ..Default::default()
-            }),
-            StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(diloco_every_3()),
-            other => other,
-        },
-        ..Default::default()
-    }
+    AcceleratorConfig::default().with_strategy(match strategy.parse().unwrap() {
+        StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
+            local_sgd_steps: 3,
+            ..Default::default()
+        }),
+        StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(diloco_every_3()),
+        other => other,
+    })
 }
 
 /// DiLoCo with an outer step every 3 inner steps.
@@ -72,13 +69,10 @@ fn local_sgd_with_k_1_trains_like_ddp() {
     let _rng = rng_lock();
     let ddp = trace(config("ddp"), 6);
     let local = trace(
-        AcceleratorConfig {
-            strategy: StrategyConfig::LocalSgd(LocalSgdConfig {
-                local_sgd_steps: 1,
-                ..Default::default()
-            }),
-            ..config("local-sgd")
-        },
+        config("local-sgd").with_strategy(StrategyConfig::LocalSgd(LocalSgdConfig {
+            local_sgd_steps: 1,
+            ..Default::default()
+        })),
         6,
     );
     for rank in 0..2 {
@@ -142,16 +136,13 @@ fn diloco_with_outer_lr_1_and_no_momentum_is_local_sgd() {
     let _rng = rng_lock();
     let local = trace(config("local-sgd"), 6);
     let diloco = trace(
-        AcceleratorConfig {
-            strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
-                sync_every: 3,
-                outer_lr: 1.0,
-                outer_momentum: 0.0,
-                nesterov: false,
-                ..Default::default()
-            }),
-            ..config("diloco")
-        },
+        config("diloco").with_strategy(StrategyConfig::DiLoCo(DiLoCoConfig {
+            sync_every: 3,
+            outer_lr: 1.0,
+            outer_momentum: 0.0,
+            nesterov: false,
+            ..Default::default()
+        })),
         6,
     );
     for rank in 0..2 {
@@ -198,10 +189,7 @@ fn diloco_seven_steps(diloco: DiLoCoConfig, dir: Option<PathBuf>) -> Vec<Vec<f32
     let run = |load: Option<PathBuf>, save: Option<PathBuf>, until: u64, seed: u64| {
         let initial = vit(seed);
         Accelerator::<B>::launch(
-            AcceleratorConfig {
-                strategy: StrategyConfig::DiLoCo(diloco.clone()),
-                ..config("diloco")
-            },
+            config("diloco").with_strategy(StrategyConfig::DiLoCo(diloco.clone())),
             vec![Default::default(); 2],
             move |mut acc| -> Result<Vec<f32>, AccelerateError> {
                 let (mut model, mut optim) =
@@ -253,13 +241,10 @@ fn bytes_in_six_steps(config: AcceleratorConfig) -> (u64, u64) {
 fn optimizer_states(average: bool) -> Vec<Vec<serde_json::Value>> {
     use burn::record::{FullPrecisionSettings, Record};
     let initial = vit(8);
-    let config = AcceleratorConfig {
-        strategy: StrategyConfig::LocalSgd(LocalSgdConfig {
-            local_sgd_steps: 3,
-            average_optimizer_state: average,
-        }),
-        ..config("local-sgd")
-    };
+    let config = config("local-sgd").with_strategy(StrategyConfig::LocalSgd(LocalSgdConfig {
+        local_sgd_steps: 3,
+        average_optimizer_state: average,
+    }));
     Accelerator::<B>::launch(config, vec![Default::default(); 2], move |mut acc| {
         let (mut model, mut optim) = acc.setup(initial.clone(), AdamWConfig::new().init())?;
         let loader = acc.dataloader(digits::load()?.take(96), BATCHER, 8)?;
@@ -299,14 +284,13 @@ fn local_sgd_can_average_the_optimizer_state_too() {
 #[test]
 fn streaming_fragments_can_be_whole_blocks() {
     let _rng = rng_lock();
-    let blocks = |units: &str| AcceleratorConfig {
-        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
+    let blocks = |units: &str| {
+        config("diloco").with_strategy(StrategyConfig::DiLoCo(DiLoCoConfig {
             sync_every: 2,
             fragments: 2,
             fragment_units: units.parse().unwrap(),
             ..Default::default()
-        }),
-        ..config("diloco")
+        }))
     };
     let (sent, values) = bytes_in_six_steps(blocks("TransformerEncoderLayer"));
     let votes = 6 * 4;
@@ -343,14 +327,11 @@ fn traffic_counts_the_bytes_each_strategy_sends() {
     let (diloco, _) = bytes_in_six_steps(config("diloco"));
     assert_eq!(diloco, 2 * 4 * values + votes);
     // bf16 outer gradients: half.
-    let half = AcceleratorConfig {
-        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
-            sync_every: 3,
-            outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
-            ..Default::default()
-        }),
-        ..config("diloco")
-    };
+    let half = config("diloco").with_strategy(StrategyConfig::DiLoCo(DiLoCoConfig {
+        sync_every: 3,
+        outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
+        ..Default::default()
+    }));
     assert_eq!(bytes_in_six_steps(half).0, 2 * 2 * values + votes);
 }
 
@@ -396,19 +377,18 @@ fn local_sgd_settings_parse_and_name_bad_values() {
     let c: AcceleratorConfig =
         serde_json::from_str(r#"{"strategy": {"diloco": {"sync_every": 50, "outer_lr": 0.5}}}"#)
             .unwrap();
-    let StrategyConfig::DiLoCo(diloco) = &c.strategy else {
-        panic!("{:?}", c.strategy)
+    let StrategyConfig::DiLoCo(diloco) = &c.parallelism.strategy else {
+        panic!("{:?}", c.parallelism.strategy)
     };
     assert_eq!((diloco.sync_every, diloco.outer_momentum), (50, 0.9));
     let c: AcceleratorConfig = toml::from_str("[strategy.local-sgd]\nlocal_sgd_steps = 4").unwrap();
-    assert!(matches!(c.strategy, StrategyConfig::LocalSgd(l) if l.local_sgd_steps == 4));
-    let bad = AcceleratorConfig {
-        strategy: StrategyConfig::LocalSgd(LocalSgdConfig {
-            local_sgd_steps: 0,
-            ..Default::default()
-        }),
-        ..config("local-sgd")
-    };
+    assert!(
+        matches!(c.parallelism.strategy, StrategyConfig::LocalSgd(l) if l.local_sgd_steps == 4)
+    );
+    let bad = config("local-sgd").with_strategy(StrategyConfig::LocalSgd(LocalSgdConfig {
+        local_sgd_steps: 0,
+        ..Default::default()
+    }));
     let err = bad.validate().unwrap_err().to_string();
     assert!(err.contains("local_sgd.local_sgd_steps"), "{err}");
 }
@@ -453,16 +433,13 @@ fn diloco_continues_a_local_sgd_save_from_the_loaded_weights() {
     // Continued by Local SGD (its average count restored) and by DiLoCo with outer lr 1 and
     // no momentum: the same step 6 only if DiLoCo's global copy is the loaded model.
     let (local, local_syncs) = continue_to_six(config("local-sgd"), dir.clone());
-    let plain_diloco = AcceleratorConfig {
-        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
-            sync_every: 3,
-            outer_lr: 1.0,
-            outer_momentum: 0.0,
-            nesterov: false,
-            ..Default::default()
-        }),
-        ..config("diloco")
-    };
+    let plain_diloco = config("diloco").with_strategy(StrategyConfig::DiLoCo(DiLoCoConfig {
+        sync_every: 3,
+        outer_lr: 1.0,
+        outer_momentum: 0.0,
+        nesterov: false,
+        ..Default::default()
+    }));
     let (diloco, _) = continue_to_six(plain_diloco, dir.clone());
     assert_eq!(
         local_syncs, 2,

@@ -19,19 +19,22 @@ const TEST: &str = "two_processes_train_like_one_device_under_ddp_and_fsdp";
 
 fn config(strategy: &str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy: match strategy.parse().unwrap() {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
-                auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-                ..Default::default()
-            }),
-            StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
-                local_sgd_steps: 1,
-                ..Default::default()
-            }),
-            other => other,
-        },
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(1.0),
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match strategy.parse().unwrap() {
+                StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                    auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+                    ..Default::default()
+                }),
+                StrategyConfig::LocalSgd(_) => StrategyConfig::LocalSgd(LocalSgdConfig {
+                    local_sgd_steps: 1,
+                    ..Default::default()
+                }),
+                other => other,
+            },
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -48,13 +51,16 @@ fn unclipped(strategy: &str) -> AcceleratorConfig {
 fn streaming() -> AcceleratorConfig {
     AcceleratorConfig {
         max_grad_norm: None,
-        strategy: StrategyConfig::DiLoCo(afterburner::localsgd::DiLoCoConfig {
-            sync_every: 2,
-            delay: 1,
-            mixing: Some(0.5),
-            outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
-            ..Default::default()
-        }),
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::DiLoCo(afterburner::localsgd::DiLoCoConfig {
+                sync_every: 2,
+                delay: 1,
+                mixing: Some(0.5),
+                outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
+                ..Default::default()
+            }),
+            ..config("diloco").parallelism
+        },
         ..config("diloco")
     }
 }

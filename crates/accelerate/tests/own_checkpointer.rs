@@ -227,8 +227,11 @@ fn a_sharded_save_commits_through_the_users_store() {
     let root = virtual_root("fsdp");
     let store = InMemory::default();
     let config = AcceleratorConfig {
-        strategy: "fsdp".parse().unwrap(),
-        devices: 2,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: "fsdp".parse().unwrap(),
+            devices: 2,
+            ..config(&root).parallelism
+        },
         ..config(&root)
     };
     let model = vit(5);

@@ -194,17 +194,14 @@ fn assert_bitwise(
 }
 
 fn distributed(strategy: &'static str, state_dict_type: StateDictType) -> AcceleratorConfig {
-    AcceleratorConfig {
-        strategy: match strategy.parse().unwrap() {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
-                auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-                state_dict_type,
-                ..Default::default()
-            }),
-            other => other,
-        },
-        ..Default::default()
-    }
+    AcceleratorConfig::default().with_strategy(match strategy.parse().unwrap() {
+        StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+            state_dict_type,
+            ..Default::default()
+        }),
+        other => other,
+    })
 }
 
 #[test]

@@ -299,14 +299,14 @@ impl StepsSeen for afterburner::AnyStrategy<B> {
 fn a_strategy_from_another_crate_trains_through_run_with_like_the_built_in_ddp() {
     let _rng = rng_lock();
     let config = AcceleratorConfig {
-        devices: 2,
+        parallelism: afterburner::ParallelismConfig {
+            devices: 2,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mine = two_ranks(config.clone(), MeanPerTensor::new);
-    let ddp_config = AcceleratorConfig {
-        strategy: StrategyConfig::Ddp,
-        ..config.clone()
-    };
+    let ddp_config = config.clone().with_strategy(StrategyConfig::Ddp);
     let built = ddp_config.clone();
     let ddp = two_ranks(ddp_config, move |group| {
         afterburner::AnyStrategy::<B>::from_config(&built, group, &Default::default())
@@ -325,7 +325,10 @@ fn a_strategy_from_another_crate_trains_through_the_trainer() {
         ..args("custom-trainer")
     };
     let config = AcceleratorConfig {
-        devices: 2,
+        parallelism: afterburner::ParallelismConfig {
+            devices: 2,
+            ..a.accelerator_config().parallelism
+        },
         ..a.accelerator_config()
     };
     let model = vit(4);

@@ -178,8 +178,11 @@ fn sharded_checkpoints_rotate_and_load() {
     let root = project("sharded");
     let initial = vit(5);
     let sharded = AcceleratorConfig {
-        strategy: StrategyConfig::Zero1,
-        devices: 2,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Zero1,
+            devices: 2,
+            ..config(&root, 1).parallelism
+        },
         ..config(&root, 1)
     };
     let saved = Accelerator::<B>::run(sharded.clone(), move |acc| {

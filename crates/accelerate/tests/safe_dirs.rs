@@ -91,8 +91,11 @@ fn a_sharded_save_deletes_only_rank_states_it_wrote() {
     std::fs::create_dir_all(dir.join("rank-notes")).unwrap();
     std::fs::write(dir.join("rank-notes").join("todo.txt"), "keep").unwrap();
     let config = AcceleratorConfig {
-        strategy: StrategyConfig::Zero1,
-        devices: 2,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Zero1,
+            devices: 2,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let model = vit(1);

@@ -40,14 +40,17 @@ impl Stateful for Flaky {
 
 fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy: match strategy.parse().unwrap() {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
-                state_dict_type: StateDictType::Sharded,
-                ..Default::default()
-            }),
-            other => other,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match strategy.parse().unwrap() {
+                StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                    state_dict_type: StateDictType::Sharded,
+                    ..Default::default()
+                }),
+                other => other,
+            },
+            devices: 2,
+            ..Default::default()
         },
-        devices: 2,
         ..Default::default()
     }
 }

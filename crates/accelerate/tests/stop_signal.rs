@@ -97,9 +97,12 @@ fn a_sigterm_stops_after_the_step_saves_and_resumes_exactly() {
     // its step 3 (a new stop-enabled Accelerator cleared the earlier request).
     let initial = vit(4);
     let config = AcceleratorConfig {
-        strategy: StrategyConfig::Ddp,
-        devices: 2,
         stop_on_signal: true,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Ddp,
+            devices: 2,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let stops = Accelerator::<B>::run(config, move |mut acc| {

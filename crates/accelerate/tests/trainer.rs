@@ -393,9 +393,12 @@ fn ddp_trainer_evaluates_every_item_once() {
         t.evaluate().unwrap()
     };
     let args = TrainingArguments {
-        strategy: StrategyConfig::Ddp,
-        devices: 2,
         max_steps: 3,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Ddp,
+            devices: 2,
+            ..small_args("ddp").parallelism
+        },
         ..small_args("ddp")
     };
     let model = vit(11);

@@ -49,8 +49,11 @@ fn trainer_new_under_a_launcher_trains_over_the_launched_group() {
         per_device_train_batch_size: 8,
         save_strategy: "no".parse().unwrap(),
         eval_strategy: "no".parse().unwrap(),
-        strategy: "ddp".parse().unwrap(),
         disable_tqdm: true,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: "ddp".parse().unwrap(),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (train, eval) = digits::load().unwrap().take(64).split(0.25, 0);
@@ -83,10 +86,7 @@ fn a_replica_strategy_under_the_all_restart_policy_is_named() {
                 .unwrap();
         let launched = only_worker(&server, policy, timeout);
         let built = Accelerator::<B>::launched(
-            AcceleratorConfig {
-                strategy: strategy.parse().unwrap(),
-                ..Default::default()
-            },
+            AcceleratorConfig::default().with_strategy(strategy.parse().unwrap()),
             &launched,
         );
         match (built, fits) {

@@ -180,8 +180,11 @@ fn two_ranks_with_different_item_counts_equal_the_full_batch() {
     let _rng = rng_lock();
     let full = one_step(args(16, 1, LossNormalization::PerItem));
     let ddp = TrainingArguments {
-        strategy: StrategyConfig::Ddp,
-        devices: 2,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Ddp,
+            devices: 2,
+            ..args(4, 2, LossNormalization::PerItem).parallelism
+        },
         ..args(4, 2, LossNormalization::PerItem)
     };
     let model = MaskedVit { vit: vit(21) };

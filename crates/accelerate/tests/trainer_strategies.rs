@@ -34,7 +34,10 @@ fn defaults(name: &str) -> TrainingArguments {
         save_strategy: IntervalStrategy::No,
         logging_steps: 100.0,
         disable_tqdm: true,
-        devices: 2,
+        parallelism: afterburner::ParallelismConfig {
+            devices: 2,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -91,8 +94,13 @@ fn diloco_sync_every_from_toml_and_the_command_line_makes_7_step_rounds() {
         )
         .unwrap()
         .0;
-    assert_eq!(from_toml.strategy, from_cli.strategy);
-    assert!(matches!(&from_cli.strategy, StrategyConfig::DiLoCo(d) if d.sync_every == 7));
+    assert_eq!(
+        from_toml.parallelism.strategy,
+        from_cli.parallelism.strategy
+    );
+    assert!(
+        matches!(&from_cli.parallelism.strategy, StrategyConfig::DiLoCo(d) if d.sync_every == 7)
+    );
     // 14 steps in rounds of 7: two outer steps; the default (500) would sync once, at the end.
     for args in [from_toml, from_cli] {
         for (syncs, fsdp) in train(args) {
@@ -252,7 +260,7 @@ fn a_registered_strategy_is_chosen_by_the_trainers_command_line() {
         )
         .unwrap()
         .0;
-    assert_eq!(args.strategy.name(), "counting");
+    assert_eq!(args.parallelism.strategy.name(), "counting");
     let config = args.accelerator_config();
     let _rng = rng_lock();
     let model = vit(5);
@@ -320,7 +328,7 @@ fn an_accelerator_built_with_other_strategy_options_is_refused_by_name() {
     // Built from the arguments but with another `sync_every`: the Trainer would not run
     // what the arguments say.
     let mut config = args.accelerator_config();
-    config.strategy = StrategyConfig::from_name("diloco").unwrap();
+    config.parallelism.strategy = StrategyConfig::from_name("diloco").unwrap();
     let _rng = rng_lock();
     let model = vit(5);
     let err = Accelerator::<B>::run(config, move |acc| {

@@ -86,14 +86,17 @@ fn across_ranks_rates_add_up_and_tflops_average() {
     let (model, per_step) = model_and_flops_per_step();
     let args = TrainingArguments {
         output_dir: common::scratch_dir("trainer-throughput-ddp"),
-        strategy: StrategyConfig::Ddp,
-        devices: 2,
         max_steps: 6,
         per_device_train_batch_size: 4,
         logging_strategy: IntervalStrategy::Steps,
         logging_steps: 2.0,
         eval_strategy: IntervalStrategy::No,
         save_strategy: IntervalStrategy::No,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Ddp,
+            devices: 2,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let run_args = args.clone();

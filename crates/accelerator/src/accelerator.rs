@@ -77,10 +77,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// Checks the config and the backend's dtype support, and seeds the backend RNG with
     /// `config.seed` (so a model built next is reproducible).
     pub fn new(config: AcceleratorConfig, device: B::Device) -> Result<Self, AccelerateError> {
-        if config.strategy.is_distributed() {
+        if config.parallelism.strategy.is_distributed() {
             return Err(AccelerateError::invalid(
                 "strategy",
-                &config.strategy,
+                &config.parallelism.strategy,
                 "single-device for Accelerator::new; start ddp with Accelerator::launch",
             ));
         }
@@ -200,9 +200,10 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// `model` split by its tensor-parallel plan for this rank under `tp_size > 1` (PyTorch's
     /// `parallelize_module`, Accelerate's `tp_size`); unchanged otherwise, so the same code
     /// runs at any `tp_size`. Call it on every rank with the same model, before
-    /// [`setup`](Self::setup), which refuses an unsplit model under `tp_size > 1`.
+    /// [`setup`](Self::setup), which refuses an unsplit model under `tp_size > 1` and moves
+    /// the model to this rank's device (the one fork of the model on the way in).
     pub fn parallelize<M: TensorParallelPlan<B>>(&self, model: M) -> Result<M, AccelerateError> {
-        Ok(self.strategy.parallelize(model.fork(&self.device))?)
+        Ok(self.strategy.parallelize(model)?)
     }
 
     /// The model half of [`setup`](Self::setup).

@@ -8,7 +8,7 @@ use afterburner_precision::{GradScalerConfig, Precision};
 use serde::{Deserialize, Serialize};
 use serde_with::{DeserializeFromStr, SerializeDisplay};
 
-use crate::{AccelerateError, StrategyConfig};
+use crate::{AccelerateError, ParallelismConfig, StrategyConfig};
 
 /// How the [`Accelerator`](crate::Accelerator) trains. Loadable from TOML/JSON; missing fields
 /// take the defaults below (Lightning's / Accelerate's where they have one).
@@ -37,24 +37,13 @@ pub struct AcceleratorConfig {
     /// (default), `true` / "all", `"every-<k>"`, "selective", or "balanced" (Burn's
     /// `BalancedCheckpointing` backend, which the backend type must then be).
     pub gradient_checkpointing: CheckpointPolicy,
-    /// How training is spread over devices, with the strategy's options: a name (default
-    /// "single-device"; the others are [`StrategyConfig`]'s, or a registered strategy's) or a
-    /// table of options under the name (`[strategy.fsdp]`, `[strategy.diloco]`). The multi-device ones run through
-    /// [`Accelerator::launch`](crate::Accelerator::launch) or
-    /// [`run`](crate::Accelerator::run).
-    pub strategy: StrategyConfig,
-    /// Devices (worker threads) [`Accelerator::run`](crate::Accelerator::run) starts, like
-    /// Lightning's `devices=N`: the first N devices of the backend's default kind; on the CPU
-    /// the workers share it. Default 1. More than 1 needs a multi-device `strategy`.
-    pub devices: usize,
-    /// Tensor parallelism (Accelerate's `ParallelismConfig.tp_size`): each layer of the
-    /// model's plan ([`TensorParallelPlan`](afterburner_parallel::tp::TensorParallelPlan))
-    /// split over this many devices, with `strategy = "ddp"` or `"fsdp"` across the groups
-    /// (FSDP then shards each group's parts): `devices =
-    /// dp x tp_size`, the data sharded over the `dp` groups only. Call
+    /// How training is spread over devices ([`ParallelismConfig`], flattened: the keys
+    /// `strategy`, `devices` and `tp_size`). The multi-device strategies run through
+    /// [`Accelerator::run`](crate::Accelerator::run) or
+    /// [`launch`](crate::Accelerator::launch); under `tp_size > 1` call
     /// [`Accelerator::parallelize`](crate::Accelerator::parallelize) before `setup`.
-    /// Default 1 (no split).
-    pub tp_size: usize,
+    #[serde(flatten)]
+    pub parallelism: ParallelismConfig,
     /// Seconds a collective may wait for the other ranks before the run fails. Default 300.
     pub collective_timeout_s: f64,
     /// What a step whose gradients hold inf or NaN does outside fp16 (whose loss scaler always
@@ -145,9 +134,7 @@ impl Default for AcceleratorConfig {
             seed: 42,
             grad_scaler: GradScalerConfig::default(),
             gradient_checkpointing: CheckpointPolicy::None,
-            strategy: StrategyConfig::SingleDevice,
-            devices: 1,
-            tp_size: 1,
+            parallelism: ParallelismConfig::default(),
             collective_timeout_s: 300.0,
             nonfinite_gradients: NonFinitePolicy::Skip,
             project: ProjectConfig::default(),
@@ -157,48 +144,16 @@ impl Default for AcceleratorConfig {
 }
 
 impl AcceleratorConfig {
+    /// This config with another strategy (its devices and `tp_size` kept).
+    pub fn with_strategy(mut self, strategy: StrategyConfig) -> Self {
+        self.parallelism.strategy = strategy;
+        self
+    }
+
     /// Checks every field, naming the first bad one.
     pub fn validate(&self) -> Result<(), AccelerateError> {
         self.validate_common()?;
-        self.validate_tp_size()?;
-        if self.devices > 1 && !self.strategy.is_distributed() {
-            return Err(AccelerateError::invalid(
-                "devices",
-                self.devices,
-                "1 under strategy single-device (set a multi-device strategy, see StrategyConfig)",
-            ));
-        }
-        self.strategy.validate()
-    }
-
-    /// `tp_size`: at least 1; above 1, a divisor of `devices` under `strategy = "ddp"` or
-    /// `"fsdp"`.
-    fn validate_tp_size(&self) -> Result<(), AccelerateError> {
-        match self.tp_size {
-            0 => Err(AccelerateError::invalid("tp_size", 0, "at least 1")),
-            1 => Ok(()),
-            tp if !self.devices.is_multiple_of(tp) => Err(AccelerateError::invalid(
-                "tp_size",
-                tp,
-                format!(
-                    "a divisor of devices ({}): devices = dp x tp_size",
-                    self.devices
-                ),
-            )),
-            tp if !matches!(self.strategy, StrategyConfig::Ddp | StrategyConfig::Fsdp(_)) => {
-                Err(AccelerateError::invalid(
-                    "tp_size",
-                    tp,
-                    format!(
-                        "1 under strategy {} (tensor parallelism runs with strategy \"ddp\" or \
-                         \"fsdp\" across its groups; zero-1, local-sgd and diloco with tp_size > \
-                         1 are not supported yet)",
-                        self.strategy.name()
-                    ),
-                ))
-            }
-            _ => Ok(()),
-        }
+        self.parallelism.validate()
     }
 
     /// Checks every field but the built-in strategies' (`strategy` and its tables), for an
@@ -220,7 +175,7 @@ impl AcceleratorConfig {
                 "a finite number > 0, or none",
             ));
         }
-        if self.devices == 0 {
+        if self.parallelism.devices == 0 {
             return Err(AccelerateError::invalid("devices", 0, "at least 1"));
         }
         // A finite, bounded wait: a Duration cannot hold 1e300 s (and a week is no timeout).

@@ -25,10 +25,10 @@ impl<B: AutodiffBackend> Accelerator<B> {
         device: B::Device,
         group: Group<B>,
     ) -> Result<Self, AccelerateError> {
-        if !config.strategy.is_distributed() {
+        if !config.parallelism.strategy.is_distributed() {
             return Err(AccelerateError::invalid(
                 "strategy",
-                &config.strategy,
+                &config.parallelism.strategy,
                 "a multi-device strategy for a multi-device run (see StrategyConfig)",
             ));
         }
@@ -53,7 +53,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     {
         // The devices given are the ranks (what `tp_size` divides), whatever `devices` says.
         let config = AcceleratorConfig {
-            devices: devices.len(),
+            parallelism: config.parallelism.with_devices(devices.len()),
             ..config
         };
         config.validate()?;
@@ -94,7 +94,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
         Ok(result)
     }
 
-    /// Runs `worker` on `config.devices` devices, like Fabric's `launch` with `devices=N`: on
+    /// Runs `worker` on `config.parallelism.devices` devices, like Fabric's `launch` with `devices=N`: on
     /// one device under `strategy = "single-device"` it runs here with
     /// [`new`](Self::new); otherwise one worker thread per device of
     /// [`local_devices`](afterburner_parallel::local_devices) through
@@ -105,7 +105,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
     /// as this process's rank of the launched run: over the launch's process group (ranks
     /// failing together under DDP, ZeRO-1 and FSDP; a fault-tolerant quorum under Local SGD
     /// and DiLoCo, whose restarted replicas [`join`](Self::join)), on device `LOCAL_RANK`;
-    /// `config.devices` is then not read, and the result is this rank's alone.
+    /// `config.parallelism.devices` is then not read, and the result is this rank's alone.
     pub fn run<R, F>(config: AcceleratorConfig, worker: F) -> Result<Vec<R>, AccelerateError>
     where
         R: Send + 'static,
@@ -115,10 +115,11 @@ impl<B: AutodiffBackend> Accelerator<B> {
             return Ok(vec![worker(Self::launched(config, &launched)?)?]);
         }
         config.validate()?;
-        if !config.strategy.is_distributed() {
+        if !config.parallelism.strategy.is_distributed() {
             return Ok(vec![worker(Self::new(config, B::Device::default())?)?]);
         }
-        let devices = afterburner_parallel::local_devices::<B::InnerBackend>(config.devices)?;
+        let devices =
+            afterburner_parallel::local_devices::<B::InnerBackend>(config.parallelism.devices)?;
         Self::launch(config, devices, worker)
     }
 
@@ -135,7 +136,7 @@ impl<B: AutodiffBackend> Accelerator<B> {
 
 impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// [`run`](Accelerator::run) with a strategy of your own: `make_strategy` builds each
-    /// rank's strategy from that rank's process group (`None` when `config.devices` is 1),
+    /// rank's strategy from that rank's process group (`None` when `config.parallelism.devices` is 1),
     /// on the rank's own thread. The config's `strategy` and its tables are not read; its
     /// `devices` says how many ranks start. Results come back in rank order.
     pub fn run_with<R, F, MS>(
@@ -149,7 +150,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         MS: Fn(Option<Group<B>>) -> Result<S, AccelerateError> + Send + Sync + 'static,
     {
         config.validate_common()?;
-        if config.devices == 1 {
+        if config.parallelism.devices == 1 {
             let strategy = make_strategy(None)?;
             return Ok(vec![worker(Self::with_strategy(
                 config,
@@ -157,7 +158,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 strategy,
             )?)?]);
         }
-        let devices = afterburner_parallel::local_devices::<B::InnerBackend>(config.devices)?;
+        let devices =
+            afterburner_parallel::local_devices::<B::InnerBackend>(config.parallelism.devices)?;
         Self::launch_with(config, devices, make_strategy, worker)
     }
 

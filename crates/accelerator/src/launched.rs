@@ -27,13 +27,13 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> Accelerator<B, AnyStrategy<B, U>> 
             .get(launched.local_rank)
             .cloned()
             .unwrap_or_default();
-        if launched.world_size == 1 && !config.strategy.is_distributed() {
+        if launched.world_size == 1 && !config.parallelism.strategy.is_distributed() {
             return Self::build(config, device, None);
         }
-        if !config.strategy.is_distributed() {
+        if !config.parallelism.strategy.is_distributed() {
             return Err(AccelerateError::invalid(
                 "strategy",
-                &config.strategy,
+                &config.parallelism.strategy,
                 format!(
                     "a multi-device strategy (ddp, zero-1, fsdp, local-sgd, diloco) for the {} \
                      workers `afterburner launch` started",
@@ -43,13 +43,13 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> Accelerator<B, AnyStrategy<B, U>> 
         }
         // The launch's workers are the devices (what `tp_size` divides).
         let config = AcceleratorConfig {
-            devices: launched.world_size,
+            parallelism: config.parallelism.with_devices(launched.world_size),
             ..config
         };
         config.validate()?;
         let declaration = Declaration {
-            strategy: config.strategy.name().to_string(),
-            policy: match config.strategy.heals_alone::<B, U>() {
+            strategy: config.parallelism.strategy.name().to_string(),
+            policy: match config.parallelism.strategy.heals_alone::<B, U>() {
                 true => RestartPolicy::Replica,
                 false => RestartPolicy::All,
             },

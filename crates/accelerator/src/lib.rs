@@ -9,6 +9,8 @@
 //!   `forward`, `backward`, `step`, `clip_grad_norm`, `save_state` / `load_state` (and any
 //!   named [`StateParts`]), `dataloader`; its strategy ([`AnyStrategy`]) spreads training and
 //!   its [`Checkpointer`] ([`FileCheckpointer`] by default) stores the saved states.
+//! - [`ParallelismConfig`]: how training is spread over devices as one value (the strategy, the
+//!   devices, `tp_size`), flattened into [`AcceleratorConfig`] and the Trainer's arguments.
 //! - [`data`]: a device-aware data loader over Burn's `Dataset` and `Batcher` (prefetched on
 //!   a background thread).
 //! - [`rng`]: the one seeded generator (data shuffles and backend seeds).
@@ -43,6 +45,7 @@ mod group;
 mod join;
 mod launched;
 mod outcome;
+mod parallelism;
 mod quiet;
 mod save;
 mod stop;
@@ -65,6 +68,7 @@ pub use afterburner_throughput as throughput;
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
 pub use error::AccelerateError;
 pub use group::Group;
+pub use parallelism::ParallelismConfig;
 pub use save::{Checkpointer, FileCheckpointer, StateFiles, StateParts, Stateful, is_state_dir};
 pub use strategy::{
     AnyStrategy, NamedStrategy, NoStrategy, RegisteredConfig, StrategyConfig, register_strategy,

@@ -57,14 +57,16 @@ fn items() -> InMemDataset<text::TextItem> {
 /// clipping to 0.5.
 fn config(devices: usize, tp_size: usize) -> AcceleratorConfig {
     AcceleratorConfig {
-        strategy: match devices {
-            1 => StrategyConfig::SingleDevice,
-            _ => StrategyConfig::Ddp,
-        },
-        devices,
-        tp_size,
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(0.5),
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match devices {
+                1 => StrategyConfig::SingleDevice,
+                _ => StrategyConfig::Ddp,
+            },
+            devices,
+            tp_size,
+        },
         ..Default::default()
     }
 }
@@ -79,7 +81,7 @@ fn run(
 ) -> Vec<Vec<f32>> {
     let initial = model(3);
     // 4 items a micro-batch over the data shards: the same items a step at any dp.
-    let batch = 4 / (config.devices / config.tp_size);
+    let batch = 4 / (config.parallelism.devices / config.parallelism.tp_size);
     Accelerator::<B>::run(config, move |mut acc| {
         let model = acc.parallelize(initial.clone())?;
         let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init())?;
@@ -111,13 +113,10 @@ fn run(
 /// [`config`] with FSDP (full shard) across the tensor-parallel groups, saving `state` as
 /// `state_dict_type`.
 fn fsdp(devices: usize, tp_size: usize, state: StateDictType) -> AcceleratorConfig {
-    AcceleratorConfig {
-        strategy: StrategyConfig::Fsdp(FsdpConfig {
-            state_dict_type: state,
-            ..Default::default()
-        }),
-        ..config(devices, tp_size)
-    }
+    config(devices, tp_size).with_strategy(StrategyConfig::Fsdp(FsdpConfig {
+        state_dict_type: state,
+        ..Default::default()
+    }))
 }
 
 #[test]
@@ -129,7 +128,7 @@ fn tp_2_and_dp_2_by_tp_2_train_as_one_device() {
         (4, 2, config(4, 2)),
         (4, 2, fsdp(4, 2, StateDictType::Full)),
     ] {
-        let strategy = config.strategy.name().to_string();
+        let strategy = config.parallelism.strategy.name().to_string();
         let ranks = run(config, None, None, 0..1);
         // Every rank ends with the same model: the replicated parameters' copies stay equal
         // (every rank of a group clips by the same norm).
@@ -169,10 +168,7 @@ fn a_model_without_its_plan_applied_is_a_named_error() {
         odd.contains("tp_size") && odd.contains("a divisor of devices (4)"),
         "{odd}"
     );
-    let zero = AcceleratorConfig {
-        strategy: StrategyConfig::Zero1,
-        ..config(4, 2)
-    };
+    let zero = config(4, 2).with_strategy(StrategyConfig::Zero1);
     let zero = zero.validate().unwrap_err().to_string();
     assert!(
         zero.contains("tp_size") && zero.contains("\"fsdp\""),

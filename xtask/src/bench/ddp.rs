@@ -67,18 +67,21 @@ fn step_time<I: Backend>(
     type Ad<I> = Autodiff<I>;
     let device = I::Device::default();
     let config = AcceleratorConfig {
-        strategy: match strategy
-            .parse()
-            .map_err(|e: AccelerateError| e.to_string())?
-        {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
-                auto_wrap_policy: fsdp_units(),
-                ..Default::default()
-            }),
-            other => other,
-        },
         gradient_checkpointing: checkpointing,
         seed: 0,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match strategy
+                .parse()
+                .map_err(|e: AccelerateError| e.to_string())?
+            {
+                StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                    auto_wrap_policy: fsdp_units(),
+                    ..Default::default()
+                }),
+                other => other,
+            },
+            ..Default::default()
+        },
         ..Default::default()
     };
     I::seed(&device, 0);

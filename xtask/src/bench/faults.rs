@@ -87,13 +87,10 @@ where
     I::Device: Default,
 {
     type Ad<I> = Autodiff<I>;
-    let config = AcceleratorConfig {
-        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
-            sync_every: H as usize,
-            ..Default::default()
-        }),
+    let config = AcceleratorConfig::default().with_strategy(StrategyConfig::DiLoCo(DiLoCoConfig {
+        sync_every: H as usize,
         ..Default::default()
-    };
+    }));
     let device = I::Device::default();
     let group = shared.lighthouse.replica::<I>(id, &device)?;
     let quorum = group.quorum();

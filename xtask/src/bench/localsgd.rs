@@ -53,8 +53,8 @@ where
     I::Device: Default,
 {
     type Ad<I> = Autodiff<I>;
-    let config = AcceleratorConfig {
-        strategy: match strategy
+    let config = AcceleratorConfig::default().with_strategy(
+        match strategy
             .parse()
             .map_err(|e: AccelerateError| e.to_string())?
         {
@@ -65,8 +65,7 @@ where
             StrategyConfig::DiLoCo(_) => StrategyConfig::DiLoCo(diloco),
             other => other,
         },
-        ..Default::default()
-    };
+    );
     let device = I::Device::default();
     Ad::<I>::seed(&device, 0);
     let model = VitConfig::new().init::<Ad<I>>(&device);

@@ -240,21 +240,24 @@ fn measure<I: Backend>(o: &Options, s: &Setting, devices: &[I::Device]) -> Row {
 fn config(s: &Setting) -> AcceleratorConfig {
     AcceleratorConfig {
         precision: s.precision,
-        strategy: match s.strategy.parse().expect("a built-in strategy") {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
-                auto_wrap_policy: "TransformerEncoderLayer,TransformerBlock"
-                    .parse()
-                    .expect("a valid policy"),
-                ..Default::default()
-            }),
-            other => other,
-        },
         gradient_checkpointing: if s.checkpointing {
             CheckpointPolicy::All
         } else {
             CheckpointPolicy::None
         },
         seed: 0,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match s.strategy.parse().expect("a built-in strategy") {
+                StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                    auto_wrap_policy: "TransformerEncoderLayer,TransformerBlock"
+                        .parse()
+                        .expect("a valid policy"),
+                    ..Default::default()
+                }),
+                other => other,
+            },
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

@@ -97,9 +97,11 @@ fn tensor_parallel(
 ) -> Result<Row, String> {
     let (model, tokens) = (model.clone(), tokens.clone());
     let config = AcceleratorConfig {
-        strategy: StrategyConfig::Ddp,
-        tp_size: RANKS,
-        devices: RANKS,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: StrategyConfig::Ddp,
+            tp_size: RANKS,
+            devices: RANKS,
+        },
         ..Default::default()
     };
     let devices = local_devices::<Flex>(RANKS).map_err(|e| e.to_string())?;
@@ -141,10 +143,8 @@ fn tensor_parallel(
 fn fsdp(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>, steps: usize) -> Result<Row, String> {
     let full = model.num_params();
     let (model, tokens) = (model.clone(), tokens.clone());
-    let config = AcceleratorConfig {
-        strategy: StrategyConfig::Fsdp(Default::default()),
-        ..Default::default()
-    };
+    let config =
+        AcceleratorConfig::default().with_strategy(StrategyConfig::Fsdp(Default::default()));
     let devices = local_devices::<Flex>(RANKS).map_err(|e| e.to_string())?;
     let ranks = Accelerator::<B>::launch(config, devices, move |mut acc| {
         let mut model = acc.setup_model(model.clone())?;

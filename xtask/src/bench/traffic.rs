@@ -144,13 +144,10 @@ fn fsdp_steps<G: ProcessGroup<Flex> + 'static>(
         engine,
         traffic: traffic.clone(),
     };
-    let config = AcceleratorConfig {
-        strategy: StrategyConfig::Fsdp(FsdpConfig {
-            auto_wrap_policy: "TransformerEncoderLayer".parse()?,
-            ..Default::default()
-        }),
+    let config = AcceleratorConfig::default().with_strategy(StrategyConfig::Fsdp(FsdpConfig {
+        auto_wrap_policy: "TransformerEncoderLayer".parse()?,
         ..Default::default()
-    };
+    }));
     let mut acc = Accelerator::<B>::with_group(config, device, Box::new(counted))?;
     let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init())?;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);

@@ -213,14 +213,17 @@ fn train_on<B: AutodiffBackend>(
     world: usize,
 ) -> Result<Vec<f32>, String> {
     let config = AcceleratorConfig {
-        strategy: match strategy.parse().map_err(text)? {
-            StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
-                auto_wrap_policy: "TransformerEncoderLayer".parse().map_err(text)?,
-                ..Default::default()
-            }),
-            other => other,
-        },
         nonfinite_gradients: NonFinitePolicy::Error,
+        parallelism: afterburner::ParallelismConfig {
+            strategy: match strategy.parse().map_err(text)? {
+                StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
+                    auto_wrap_policy: "TransformerEncoderLayer".parse().map_err(text)?,
+                    ..Default::default()
+                }),
+                other => other,
+            },
+            ..Default::default()
+        },
         ..Default::default()
     };
     let initial = tiny_vit::<B>(device, 11);
@@ -285,9 +288,12 @@ pub fn tensor_parallel_equals_one_device<B: AutodiffBackend>(
 ) -> Result<String, String> {
     let train = |devices: usize| -> Result<Vec<f32>, String> {
         let config = AcceleratorConfig {
-            strategy: StrategyConfig::Ddp,
-            tp_size: devices,
             nonfinite_gradients: NonFinitePolicy::Error,
+            parallelism: afterburner::ParallelismConfig {
+                strategy: StrategyConfig::Ddp,
+                tp_size: devices,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let initial = tiny_transformer::<B>(device, 11);

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args_file::{parse_json, parse_toml, read_file};
 use super::choices::{IntervalStrategy, LossNormalization, OptimizerType, ReportTo, SchedulerType};
-use crate::{AccelerateError, AcceleratorConfig, AutocastMode, StrategyConfig};
+use crate::{AccelerateError, AcceleratorConfig, AutocastMode, ParallelismConfig};
 
 /// Everything the [`Trainer`](super::Trainer) needs to know, with the names and defaults of
 /// HuggingFace's `TrainingArguments` where HF has the knob. Loads from TOML or JSON
@@ -129,17 +129,10 @@ pub struct TrainingArguments {
     pub report_to: ReportTo,
     /// TensorBoard's directory. Default: `output_dir/runs`.
     pub logging_dir: Option<PathBuf>,
-    /// How training is spread over devices, with the strategy's options: a name (default
-    /// "single-device"; see [`StrategyConfig`]) or a table of options under the name
-    /// (`[strategy.diloco]` with `sync_every = 50` in TOML; `--strategy diloco
-    /// --diloco.sync-every 50` on the command line).
-    pub strategy: StrategyConfig,
-    /// Devices (worker threads) to train on. Default 1.
-    pub devices: usize,
-    /// Tensor parallelism (Accelerate's `tp_size`): each layer of the model's plan split
-    /// over this many devices, `strategy = "ddp"` across the groups (`devices = dp x
-    /// tp_size`). Default 1.
-    pub tp_size: usize,
+    /// How training is spread over devices: the keys `strategy`, `devices` and `tp_size` of
+    /// [`ParallelismConfig`] (flattened: each described there once).
+    #[serde(flatten)]
+    pub parallelism: ParallelismConfig,
     /// Graceful stop (afterburner's): on SIGTERM or SIGINT the Trainer finishes its optimizer
     /// step, saves a checkpoint and returns `Stopped` (a non-zero exit for a program that
     /// returns the error); resume with `resume_from_checkpoint = "latest"`. Default false.
@@ -198,9 +191,7 @@ impl Default for TrainingArguments {
             disable_tqdm: false,
             report_to: ReportTo::None,
             logging_dir: None,
-            strategy: StrategyConfig::SingleDevice,
-            devices: 1,
-            tp_size: 1,
+            parallelism: ParallelismConfig::default(),
             stop_on_signal: false,
             resume_from_checkpoint: None,
             early_stopping_patience: None,
@@ -228,11 +219,19 @@ impl TrainingArguments {
 
     /// Arguments from a JSON value (an object of keys), then [`validate`](Self::validate)d.
     pub(crate) fn from_value(value: serde_json::Value) -> Result<Self, AccelerateError> {
-        let args: Self = serde_path_to_error::deserialize(value).map_err(|e| {
-            let key = e.path().to_string();
-            let reason = e.into_inner().to_string();
-            AccelerateError::InvalidArgument { key, reason }
-        })?;
+        // The parallelism keys are read on their own: through serde's flatten an error would
+        // lose the key it names.
+        let mut value = value;
+        let mut parallelism = serde_json::Map::new();
+        if let serde_json::Value::Object(map) = &mut value {
+            for key in <ParallelismConfig as documented::DocumentedFields>::FIELD_NAMES {
+                if let Some(v) = map.remove(*key) {
+                    parallelism.insert(key.to_string(), v);
+                }
+            }
+        }
+        let mut args: Self = keyed(value)?;
+        args.parallelism = keyed(serde_json::Value::Object(parallelism))?;
         args.validate()?;
         Ok(args)
     }
@@ -280,13 +279,19 @@ impl TrainingArguments {
     /// The Accelerator settings these arguments ask for. In a process started by
     /// `afterburner launch`, `devices` is the launch's number of workers.
     pub fn accelerator_config(&self) -> AcceleratorConfig {
-        let devices = match crate::parallel::Launched::from_env() {
-            Ok(Some(launched)) => launched.world_size,
-            _ => self.devices,
+        let base = AcceleratorConfig {
+            parallelism: ParallelismConfig::default().with_devices(self.run_devices()),
+            ..AcceleratorConfig::default()
         };
-        AcceleratorConfig {
-            devices,
-            ..self.apply_to(AcceleratorConfig::default())
+        self.apply_to(base)
+    }
+
+    /// The devices the run trains on: `devices`, or in a process started by `afterburner
+    /// launch` the launch's number of workers.
+    fn run_devices(&self) -> usize {
+        match crate::parallel::Launched::from_env() {
+            Ok(Some(launched)) => launched.world_size,
+            _ => self.parallelism.devices,
         }
     }
 
@@ -301,8 +306,10 @@ impl TrainingArguments {
             max_grad_norm: (self.max_grad_norm > 0.0).then_some(self.max_grad_norm),
             seed: self.seed,
             gradient_checkpointing: self.gradient_checkpointing,
-            strategy: self.strategy.clone(),
-            tp_size: self.tp_size,
+            parallelism: self
+                .parallelism
+                .clone()
+                .with_devices(base.parallelism.devices),
             stop_on_signal: self.stop_on_signal,
             ..base
         }
@@ -340,13 +347,14 @@ impl TrainingArguments {
                 "gradient_accumulation_steps",
                 self.gradient_accumulation_steps,
             ),
-            ("devices", self.devices),
-            ("tp_size", self.tp_size),
         ] {
             if value == 0 {
                 return bad(key, &value, "at least 1");
             }
         }
+        // The parallelism the run will have (a launch's workers are its devices).
+        let devices = self.run_devices();
+        self.parallelism.clone().with_devices(devices).validate()?;
         if !positive_finite(self.learning_rate) {
             return bad("learning_rate", &self.learning_rate, "a finite number > 0");
         }
@@ -475,4 +483,13 @@ impl TrainingArguments {
         }
         self.accelerator_config().validate()
     }
+}
+
+/// `value` as a `T`; an error names the key that is wrong.
+fn keyed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, AccelerateError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let key = e.path().to_string();
+        let reason = e.into_inner().to_string();
+        AccelerateError::InvalidArgument { key, reason }
+    })
 }

@@ -160,10 +160,10 @@ where
             let acc = Accelerator::launched(args.accelerator_config(), &launched)?;
             return Self::on(acc, model, args, train_dataset, eval_dataset, batcher);
         }
-        if args.strategy.is_distributed() {
+        if args.parallelism.strategy.is_distributed() {
             return Err(AccelerateError::argument(
                 "strategy",
-                &args.strategy,
+                &args.parallelism.strategy,
                 "single-device for Trainer::new; for several devices build each rank's \
                  Trainer with Trainer::on inside Accelerator::run(args.accelerator_config(), ..)",
             ));
@@ -217,7 +217,7 @@ where
         let join_pending = acc.is_fault_tolerant();
         // Under tensor parallelism (the ranks of a group share their data), the model's plan
         // splits it first.
-        let model = match acc.strategy().data_parallel_size() != acc.world_size() {
+        let model = match acc.config().parallelism.is_tensor_parallel() {
             true => model.parallelize(&acc)?,
             false => model,
         };

@@ -45,12 +45,16 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
         group: Option<Group<B>>,
         device: &B::Device,
     ) -> Result<Self, AccelerateError> {
-        config.strategy.validate()?;
-        if config.tp_size > 1 {
+        config.parallelism.strategy.validate()?;
+        if config.parallelism.is_tensor_parallel() {
             let group = group.ok_or_else(|| {
-                AccelerateError::invalid("tp_size", config.tp_size, "1 on a single device")
+                AccelerateError::invalid(
+                    "tp_size",
+                    config.parallelism.tp_size,
+                    "1 on a single device",
+                )
             })?;
-            let fsdp = match &config.strategy {
+            let fsdp = match &config.parallelism.strategy {
                 StrategyConfig::Fsdp(fsdp)
                     if fsdp.sharding_strategy != ShardingStrategy::NoShard =>
                 {
@@ -60,12 +64,12 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
             };
             return Ok(Self::TensorParallel(TensorParallelMesh::new(
                 group,
-                config.tp_size,
+                config.parallelism.tp_size,
                 device.clone(),
                 fsdp,
             )?));
         }
-        match (group, &config.strategy) {
+        match (group, &config.parallelism.strategy) {
             (None, StrategyConfig::Registered(registered)) => {
                 Ok(Self::User(named::build_user::<B, U>(registered, None)?))
             }

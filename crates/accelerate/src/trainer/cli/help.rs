@@ -4,8 +4,8 @@
 
 use documented::DocumentedFields;
 
-use crate::StrategyConfig;
 use crate::trainer::TrainingArguments;
+use crate::{ParallelismConfig, StrategyConfig};
 
 /// What `--help` says first, above the usage line.
 pub(super) const ABOUT: &str = "Training arguments: HF's TrainingArguments keys in kebab-case \
@@ -27,11 +27,20 @@ pub(super) fn strategies() -> String {
 }
 
 /// The one-line description of `key` (snake_case): the first sentence of its field's doc
-/// comment in [`TrainingArguments`].
+/// comment.
 pub(super) fn description(key: &str) -> Option<String> {
-    TrainingArguments::get_field_docs(key)
-        .ok()
-        .map(first_sentence)
+    field_docs(key).map(first_sentence)
+}
+
+/// The doc comment of key `key`: its field's in [`TrainingArguments`], or in the
+/// [`ParallelismConfig`] flattened into it (`strategy`, `devices`, `tp_size`).
+fn field_docs(key: &str) -> Option<&'static str> {
+    match key {
+        "parallelism" => None,
+        _ => TrainingArguments::get_field_docs(key)
+            .or_else(|_| ParallelismConfig::get_field_docs(key))
+            .ok(),
+    }
 }
 
 /// The first sentence of a doc comment, on one line, without Markdown's backticks and
@@ -83,9 +92,13 @@ mod tests {
             Ok(Value::Object(map)) => map,
             _ => panic!("TrainingArguments is a table"),
         };
+        // The parallelism keys are flattened in, each described once (in ParallelismConfig).
+        for key in ["strategy", "devices", "tp_size"] {
+            assert!(keys.contains_key(key), "{key}");
+            assert!(TrainingArguments::get_field_docs(key).is_err(), "{key}");
+        }
         for key in keys.keys() {
-            let doc = TrainingArguments::get_field_docs(key.as_str())
-                .unwrap_or_else(|_| panic!("{key} has no doc comment"));
+            let doc = field_docs(key).unwrap_or_else(|| panic!("{key} has no doc comment"));
             let line = description(key).unwrap_or_default();
             assert!(!line.is_empty() && !line.contains('`'), "{key}: {line}");
             assert_eq!(line, first_sentence(doc), "{key}");

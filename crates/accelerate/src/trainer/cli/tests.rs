@@ -136,7 +136,7 @@ fn underscore_and_kebab_spellings_and_flags_parse() {
     let args =
         TrainingArguments::from_args(["--strategy", "localsgd", "--localsgd.local_sgd_steps", "3"])
             .unwrap();
-    let options = args.strategy.options().unwrap_or_default();
+    let options = args.parallelism.strategy.options().unwrap_or_default();
     assert_eq!(options.get("local_sgd_steps"), Some(&Value::from(3)));
 }
 
