@@ -1,4 +1,4 @@
-"""PyTorch's GradScaler sequences on the 16-mixed toys of crates/accelerate/tests/grad_scaler_toy.rs.
+"""PyTorch's GradScaler sequences on the 16-mixed toys of crates/accelerator/tests/grad_scaler_toy.rs.
 
 Toy 1: the loss comes from an f32 parameter whose squares overflow f16 (300^2 > 65504):
 out = (p * x) ** 2, loss = out.mean(), under torch.autocast("cpu", dtype=torch.float16),

@@ -8,6 +8,7 @@
 //!   for the character language model, and sampling from it.
 //! - [`ImageItem`] / [`ImageDataset`] / [`ImageBatcher`]: labelled images, a Burn dataset of
 //!   them, and the Burn batcher to `[batch, channels, height, width]` tensors.
+//! - `testing` (feature `testing`): the helpers the crates' test suites share.
 
 #![warn(missing_docs)]
 
@@ -16,6 +17,8 @@ pub mod digits;
 mod image;
 pub mod models;
 mod steps;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod text;
 
 pub use image::{ImageBatch, ImageBatcher, ImageDataset, ImageItem, train_test_split};

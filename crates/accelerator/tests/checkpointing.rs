@@ -3,7 +3,9 @@
 
 mod common;
 
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Precision};
+use afterburner_accelerator::{
+    AccelerateError, Accelerator, AcceleratorConfig, CheckpointPolicy, Precision,
+};
 use afterburner_demos::models::TransformerConfig;
 use afterburner_demos::{ImageBatcher, digits};
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -139,6 +141,6 @@ fn balanced_policy_needs_the_balanced_backend() {
         .expect("Autodiff<Flex> is not BalancedCheckpointing");
     assert!(matches!(err, AccelerateError::Checkpoint(_)));
     assert!(err.to_string().contains("BalancedCheckpointing"), "{err}");
-    type Bal = afterburner::checkpoint::Balanced<burn::backend::Flex>;
+    type Bal = afterburner_accelerator::checkpoint::Balanced<burn::backend::Flex>;
     assert!(Accelerator::<Bal>::new(config, Default::default()).is_ok());
 }

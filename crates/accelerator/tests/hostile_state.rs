@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
+use afterburner_accelerator::{AccelerateError, Accelerator, AcceleratorConfig};
 use afterburner_demos::models::Vit;
 use burn::optim::SgdConfig;
 use common::{B, rng_lock, vit};

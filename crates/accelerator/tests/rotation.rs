@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::{
+use afterburner_accelerator::{
     AccelerateError, Accelerator, AcceleratorConfig, ProjectConfig, StateParts, StrategyConfig,
 };
 use afterburner_demos::models::Vit;
@@ -178,7 +178,7 @@ fn sharded_checkpoints_rotate_and_load() {
     let root = project("sharded");
     let initial = vit(5);
     let sharded = AcceleratorConfig {
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: StrategyConfig::Zero1,
             devices: 2,
             ..config(&root, 1).parallelism

@@ -2,7 +2,7 @@
 
 mod common;
 
-use afterburner::{Accelerator, AcceleratorConfig, Precision};
+use afterburner_accelerator::{Accelerator, AcceleratorConfig, Precision};
 use burn::module::Module;
 use burn::nn::transformer::{TransformerEncoderConfig, TransformerEncoderInput};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};

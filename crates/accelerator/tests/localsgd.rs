@@ -7,8 +7,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use afterburner::localsgd::{DiLoCoConfig, LocalSgdConfig};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_accelerator::localsgd::{DiLoCoConfig, LocalSgdConfig};
+use afterburner_accelerator::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::digits;
 use afterburner_demos::models::Vit;
 use burn::optim::{AdamWConfig, Optimizer, SgdConfig};
@@ -329,7 +329,7 @@ fn traffic_counts_the_bytes_each_strategy_sends() {
     // bf16 outer gradients: half.
     let half = config("diloco").with_strategy(StrategyConfig::DiLoCo(DiLoCoConfig {
         sync_every: 3,
-        outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
+        outer_dtype: afterburner_accelerator::localsgd::OuterDtype::Bf16,
         ..Default::default()
     }));
     assert_eq!(bytes_in_six_steps(half).0, 2 * 2 * values + votes);

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use afterburner::{
+use afterburner_accelerator::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
     Stateful, StrategyConfig,
 };

@@ -6,7 +6,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, NonFinitePolicy, StepOutcome};
+use afterburner_accelerator::{
+    AccelerateError, Accelerator, AcceleratorConfig, NonFinitePolicy, StepOutcome,
+};
 use afterburner_demos::models::Vit;
 use burn::optim::SgdConfig;
 use common::{B, cross_entropy, digits_batch, flatten, params, rng_lock, tiny_vit, vit};

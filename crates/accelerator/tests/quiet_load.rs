@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use afterburner::{Accelerator, AcceleratorConfig};
+use afterburner_accelerator::{Accelerator, AcceleratorConfig};
 use burn::optim::SgdConfig;
 use common::{B, tiny_vit};
 

@@ -6,7 +6,7 @@
 
 mod common;
 
-use afterburner::{Accelerator, AcceleratorConfig, Autocast, AutocastMode};
+use afterburner_accelerator::{Accelerator, AcceleratorConfig, Autocast, AutocastMode};
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::{Module, ModuleVisitor, Param};
@@ -21,7 +21,7 @@ type B = Autodiff<Autocast<Flex>>;
 fn accelerator<Bk: burn::tensor::backend::AutodiffBackend>(
     precision: &str,
     autocast: &str,
-) -> Result<Accelerator<Bk>, afterburner::AccelerateError> {
+) -> Result<Accelerator<Bk>, afterburner_accelerator::AccelerateError> {
     let config = AcceleratorConfig {
         precision: precision.parse().unwrap(),
         autocast: autocast.parse()?,
@@ -96,7 +96,7 @@ fn op_needs_the_autocast_backend_and_bad_modes_are_named() {
 /// checkpointing, the backward pass run by `backward` (the Accelerator's, or a plain
 /// `loss.backward()`).
 fn vit_grads<B: AutodiffBackend>(
-    policy: afterburner::CheckpointPolicy,
+    policy: afterburner_accelerator::CheckpointPolicy,
     backward: impl FnOnce(&Accelerator<B>, Tensor<B, 1>) -> <B as AutodiffBackend>::Gradients,
 ) -> (Vec<f32>, Vec<DType>) {
     let device = B::Device::default();
@@ -138,7 +138,7 @@ fn vit_grads<B: AutodiffBackend>(
 
 #[test]
 fn checkpointed_blocks_recompute_under_the_forwards_autocast_policy() {
-    use afterburner::CheckpointPolicy::{All, None as Off};
+    use afterburner_accelerator::CheckpointPolicy::{All, None as Off};
     let _rng = common::rng_lock();
     let off = vit_grads::<B>(Off, |acc, loss| acc.raw_backward(loss));
     let on = vit_grads::<B>(All, |acc, loss| acc.raw_backward(loss));
@@ -172,22 +172,24 @@ fn train_per_op<B: AutodiffBackend>(
     let device = Default::default();
     B::seed(&device, 8);
     let initial = common::tiny_vit().init::<B>(&device);
-    afterburner::precision::materialize_params(&initial);
+    afterburner_accelerator::precision::materialize_params(&initial);
     let config = AcceleratorConfig {
         precision: "bf16-mixed".parse().unwrap(),
         autocast: AutocastMode::Op,
         gradient_checkpointing: match checkpoint {
-            true => afterburner::CheckpointPolicy::All,
-            false => afterburner::CheckpointPolicy::None,
+            true => afterburner_accelerator::CheckpointPolicy::All,
+            false => afterburner_accelerator::CheckpointPolicy::None,
         },
         gradient_accumulation_steps: 2,
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: match strategy.parse().unwrap() {
-                afterburner::StrategyConfig::Fsdp(_) => {
-                    afterburner::StrategyConfig::Fsdp(afterburner::FsdpConfig {
-                        auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
-                        ..Default::default()
-                    })
+                afterburner_accelerator::StrategyConfig::Fsdp(_) => {
+                    afterburner_accelerator::StrategyConfig::Fsdp(
+                        afterburner_accelerator::FsdpConfig {
+                            auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
+                            ..Default::default()
+                        },
+                    )
                 }
                 other => other,
             },
@@ -253,7 +255,7 @@ fn values_of<B: Backend, M: Module<B>>(model: &M) -> (Vec<f32>, Vec<DType>) {
 /// checkpointing trains as DDP (both find Burn's `Autodiff` underneath).
 #[test]
 fn recorded_casts_checkpoint_and_shard_as_casts_below_autodiff() {
-    use afterburner::CheckpointPolicy::{All, None as Off};
+    use afterburner_accelerator::CheckpointPolicy::{All, None as Off};
     type Recorded = Autocast<Autodiff<Flex>>;
     let _rng = common::rng_lock();
     let off = vit_grads::<Recorded>(Off, |acc, loss| acc.raw_backward(loss));

@@ -4,7 +4,7 @@
 
 mod common;
 
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_accelerator::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::digits;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
@@ -15,7 +15,7 @@ fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(1.0),
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: strategy.parse().unwrap(),
             ..Default::default()
         },
@@ -165,7 +165,7 @@ fn gather_for_metrics_restores_dataset_order_without_padding() {
 
     // reduce: every rank's own numbers, summed or averaged.
     let reduced = Accelerator::<B>::launch(config("ddp"), vec![Default::default(); 2], |acc| {
-        use afterburner::parallel::ReduceOp;
+        use afterburner_accelerator::parallel::ReduceOp;
         let mine = burn::tensor::Tensor::<B, 1>::from_floats(
             [acc.rank() as f32 + 1.0, 10.0],
             &Default::default(),
@@ -262,7 +262,7 @@ fn run_starts_config_devices_and_checks_them() {
     let model = vit(3);
     let ranks = Accelerator::<B>::run(
         AcceleratorConfig {
-            parallelism: afterburner::ParallelismConfig {
+            parallelism: afterburner_accelerator::ParallelismConfig {
                 devices: 3,
                 ..config("ddp").parallelism
             },
@@ -285,7 +285,7 @@ fn run_starts_config_devices_and_checks_them() {
     for (devices, strategy) in [(0, "ddp"), (2, "single-device")] {
         let err = Accelerator::<B>::run(
             AcceleratorConfig {
-                parallelism: afterburner::ParallelismConfig {
+                parallelism: afterburner_accelerator::ParallelismConfig {
                     devices,
                     ..config(strategy).parallelism
                 },

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::{
+use afterburner_accelerator::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StateParts,
     Stateful, StrategyConfig,
 };
@@ -40,7 +40,7 @@ impl Stateful for Flaky {
 
 fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: match strategy.parse().unwrap() {
                 StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
                     state_dict_type: StateDictType::Sharded,

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::{
+use afterburner_accelerator::{
     AccelerateError, Accelerator, AcceleratorConfig, FsdpConfig, StateDictType, StrategyConfig,
 };
 use afterburner_demos::digits;
@@ -20,7 +20,7 @@ const GLOBAL_BATCH: usize = 24;
 
 fn config(strategy: &'static str, devices: usize) -> AcceleratorConfig {
     AcceleratorConfig {
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: match strategy.parse().unwrap() {
                 StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
                     state_dict_type: StateDictType::Sharded,

@@ -10,9 +10,11 @@ mod common;
 
 use std::time::Duration;
 
-use afterburner::localsgd::LocalSgdConfig;
-use afterburner::parallel::run_on_loopback;
-use afterburner::{Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, StrategyConfig};
+use afterburner_accelerator::localsgd::LocalSgdConfig;
+use afterburner_accelerator::parallel::run_on_loopback;
+use afterburner_accelerator::{
+    Accelerator, AcceleratorConfig, CheckpointPolicy, FsdpConfig, StrategyConfig,
+};
 use common::*;
 
 const TEST: &str = "two_processes_train_like_one_device_under_ddp_and_fsdp";
@@ -21,7 +23,7 @@ fn config(strategy: &str) -> AcceleratorConfig {
     AcceleratorConfig {
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(1.0),
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: match strategy.parse().unwrap() {
                 StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(FsdpConfig {
                     auto_wrap_policy: "TransformerEncoderLayer".parse().unwrap(),
@@ -51,12 +53,12 @@ fn unclipped(strategy: &str) -> AcceleratorConfig {
 fn streaming() -> AcceleratorConfig {
     AcceleratorConfig {
         max_grad_norm: None,
-        parallelism: afterburner::ParallelismConfig {
-            strategy: StrategyConfig::DiLoCo(afterburner::localsgd::DiLoCoConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
+            strategy: StrategyConfig::DiLoCo(afterburner_accelerator::localsgd::DiLoCoConfig {
                 sync_every: 2,
                 delay: 1,
                 mixing: Some(0.5),
-                outer_dtype: afterburner::localsgd::OuterDtype::Bf16,
+                outer_dtype: afterburner_accelerator::localsgd::OuterDtype::Bf16,
                 ..Default::default()
             }),
             ..config("diloco").parallelism

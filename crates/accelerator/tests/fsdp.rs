@@ -4,7 +4,7 @@
 
 mod common;
 
-use afterburner::{
+use afterburner_accelerator::{
     AccelerateError, Accelerator, AcceleratorConfig, AutoWrapPolicy, CheckpointPolicy, FsdpConfig,
     Precision, ShardingStrategy, StateDictType, StrategyConfig,
 };
@@ -26,7 +26,7 @@ fn config(strategy: &'static str) -> AcceleratorConfig {
     AcceleratorConfig {
         gradient_accumulation_steps: 2,
         max_grad_norm: Some(0.5),
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: match strategy.parse().unwrap() {
                 StrategyConfig::Fsdp(_) => StrategyConfig::Fsdp(layers()),
                 other => other,

@@ -3,8 +3,8 @@
 
 mod common;
 
-use afterburner::precision::GradScalerConfig;
-use afterburner::{Accelerator, AcceleratorConfig, StepOutcome};
+use afterburner_accelerator::precision::GradScalerConfig;
+use afterburner_accelerator::{Accelerator, AcceleratorConfig, StepOutcome};
 use burn::optim::AdamConfig;
 use burn::optim::lr_scheduler::LrScheduler;
 use burn::tensor::backend::Backend;

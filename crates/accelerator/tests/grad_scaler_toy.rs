@@ -9,8 +9,8 @@
 //! Toy 2: a Linear whose weight gradient, computed in f16 in the backward pass as PyTorch does,
 //! overflows at the larger scales (a backward in f32 would never skip).
 
-use afterburner::precision::GradScalerConfig;
-use afterburner::{Accelerator, AcceleratorConfig, Autocast, StepOutcome};
+use afterburner_accelerator::precision::GradScalerConfig;
+use afterburner_accelerator::{Accelerator, AcceleratorConfig, Autocast, StepOutcome};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_accelerator::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::models::Vit;
 use burn::optim::SgdConfig;
 use common::{B, rng_lock, vit};
@@ -91,7 +91,7 @@ fn a_sharded_save_deletes_only_rank_states_it_wrote() {
     std::fs::create_dir_all(dir.join("rank-notes")).unwrap();
     std::fs::write(dir.join("rank-notes").join("todo.txt"), "keep").unwrap();
     let config = AcceleratorConfig {
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: StrategyConfig::Zero1,
             devices: 2,
             ..Default::default()

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig};
+use afterburner_accelerator::{AccelerateError, Accelerator, AcceleratorConfig};
 use afterburner_demos::models::Vit;
 use afterburner_demos::{ImageBatcher, digits};
 use burn::optim::Adam;

@@ -2,7 +2,7 @@
 //! `Autodiff<Autocast<Flex>>`: the running statistics stay f32 and the half activations meet
 //! them in f32 (dtype promotion), where the plain backend rejects the mix.
 
-use afterburner::{Accelerator, AcceleratorConfig, Autocast};
+use afterburner_accelerator::{Accelerator, AcceleratorConfig, Autocast};
 use afterburner_demos::{ImageBatcher, digits};
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;

@@ -7,9 +7,9 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
-use afterburner::data::DataLoaderShard;
-use afterburner::parallel::DistributedSampler;
-use afterburner::{Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_accelerator::data::DataLoaderShard;
+use afterburner_accelerator::parallel::DistributedSampler;
+use afterburner_accelerator::{Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::{ImageBatch, digits};
 use burn::backend::Flex;
 use burn::data::dataloader::batcher::Batcher;
@@ -205,7 +205,7 @@ fn sharding_covers_every_item_once_plus_padding_across_ranks() {
     let _rng = rng_lock();
     let config = AcceleratorConfig {
         seed: 5,
-        parallelism: afterburner::ParallelismConfig {
+        parallelism: afterburner_accelerator::ParallelismConfig {
             strategy: StrategyConfig::Ddp,
             ..Default::default()
         },
@@ -316,7 +316,7 @@ fn a_ragged_item_in_a_users_loop_is_a_named_error() {
         assert!(trained < 3, "the epoch stopped at the ragged batch");
         let err = acc.finish(model.clone()).unwrap_err();
         assert!(
-            matches!(err, afterburner::AccelerateError::BadData(_)),
+            matches!(err, afterburner_accelerator::AccelerateError::BadData(_)),
             "{err:?}"
         );
         let message = err.to_string();

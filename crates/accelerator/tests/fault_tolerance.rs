@@ -8,12 +8,12 @@ mod common;
 
 use std::sync::Arc;
 
-use afterburner::localsgd::DiLoCoConfig;
-use afterburner::parallel::{
+use afterburner_accelerator::localsgd::DiLoCoConfig;
+use afterburner_accelerator::parallel::{
     Lighthouse, LocalReplicas, QuorumConfig, ReplicaRun, fail_and_restart,
 };
-use afterburner::precision::{GradScalerConfig, GradScalerState};
-use afterburner::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
+use afterburner_accelerator::precision::{GradScalerConfig, GradScalerState};
+use afterburner_accelerator::{AccelerateError, Accelerator, AcceleratorConfig, StrategyConfig};
 use afterburner_demos::digits;
 use burn::optim::AdamWConfig;
 use common::*;

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use afterburner::weights::{Layout, LoadWeights, save_safetensors};
+use afterburner_accelerator::weights::{Layout, LoadWeights, save_safetensors};
 use burn::backend::Flex;
 use burn::module::Module;
 use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
