@@ -46,7 +46,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let mut workspace = vec!["test".to_string(), "--workspace".to_string()];
+    // Every test binary runs even after one fails, so a failure does not hide the others.
+    let mut workspace = vec![
+        "test".to_string(),
+        "--workspace".to_string(),
+        "--no-fail-fast".to_string(),
+    ];
     match &mpi {
         None => workspace.extend(["--features".to_string(), "mpi".to_string()]),
         Some(missing) => {
