@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::{ParallelError, ProcessGroup, Quorum, ReduceOp};
+use crate::ProcessGroup;
+use crate::decorator::{Decorator, Outgoing, forward_process_group};
 
 /// Collective calls and payload bytes so far, shared between a [`Counted`] group and whoever
 /// reports them.
@@ -29,12 +29,10 @@ impl Traffic {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    fn count<B: Backend>(&self, tensor: Option<&Tensor<B, 1>>) {
+    fn count(&self, outgoing: Outgoing) {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        if let Some(t) = tensor {
-            let bytes = t.dims()[0] * t.dtype().size();
-            self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        }
+        self.bytes
+            .fetch_add(outgoing.bytes() as u64, Ordering::Relaxed);
     }
 }
 
@@ -51,45 +49,16 @@ impl<G> Counted<G> {
     }
 }
 
-impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for Counted<G> {
-    fn rank(&self) -> usize {
-        self.engine.rank()
+impl<B: Backend, G: ProcessGroup<B>> Decorator<B> for Counted<G> {
+    type Inner = G;
+
+    fn with_inner<R>(&self, call: impl FnOnce(&G) -> R) -> R {
+        call(&self.engine)
     }
 
-    fn world_size(&self) -> usize {
-        self.engine.world_size()
-    }
-
-    fn all_reduce(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
-        self.traffic.count(Some(&t));
-        self.engine.all_reduce(t, op)
-    }
-
-    fn broadcast(
-        &self,
-        t: Option<Tensor<B, 1>>,
-        root: usize,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        self.traffic.count(t.as_ref());
-        self.engine.broadcast(t, root)
-    }
-
-    fn all_gather(&self, t: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
-        self.traffic.count(Some(&t));
-        self.engine.all_gather(t)
-    }
-
-    fn reduce_scatter(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
-        self.traffic.count(Some(&t));
-        self.engine.reduce_scatter(t, op)
-    }
-
-    fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
-        self.traffic.count::<B>(None);
-        self.engine.barrier(device)
-    }
-
-    fn quorum(&self) -> Option<std::sync::Arc<dyn Quorum>> {
-        self.engine.quorum()
+    fn before(&self, outgoing: Outgoing) {
+        self.traffic.count(outgoing);
     }
 }
+
+forward_process_group!(Counted);

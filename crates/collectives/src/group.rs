@@ -5,6 +5,7 @@ use burn::tensor::backend::Backend;
 
 use std::sync::Arc;
 
+use crate::decorator::{Decorator, forward_process_group};
 use crate::{ParallelError, Quorum};
 
 /// How values are combined across ranks.
@@ -120,48 +121,12 @@ pub fn barrier_by_all_reduce<B: Backend, G: ProcessGroup<B> + ?Sized>(
 
 /// A boxed group is a group (so code can hold `Box<dyn ProcessGroup<B>>` of any engine); every
 /// call reaches the engine's own implementation.
-impl<B: Backend, G: ProcessGroup<B> + ?Sized> ProcessGroup<B> for Box<G> {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
+impl<B: Backend, G: ProcessGroup<B> + ?Sized> Decorator<B> for Box<G> {
+    type Inner = G;
 
-    fn world_size(&self) -> usize {
-        (**self).world_size()
-    }
-
-    fn all_reduce(
-        &self,
-        tensor: Tensor<B, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        (**self).all_reduce(tensor, op)
-    }
-
-    fn broadcast(
-        &self,
-        tensor: Option<Tensor<B, 1>>,
-        root: usize,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        (**self).broadcast(tensor, root)
-    }
-
-    fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
-        (**self).all_gather(tensor)
-    }
-
-    fn reduce_scatter(
-        &self,
-        tensor: Tensor<B, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        (**self).reduce_scatter(tensor, op)
-    }
-
-    fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
-        (**self).barrier(device)
-    }
-
-    fn quorum(&self) -> Option<Arc<dyn Quorum>> {
-        (**self).quorum()
+    fn with_inner<R>(&self, call: impl FnOnce(&G) -> R) -> R {
+        call(self)
     }
 }
+
+forward_process_group!(Box, ?Sized);

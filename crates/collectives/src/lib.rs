@@ -10,7 +10,9 @@
 //!   afterburner-rendezvous's [`Lighthouse`], on threads through [`LocalReplicas`] or over TCP
 //!   through [`connect_tcp`]; [`LaunchedGroup::connect`] for a worker of `afterburner launch`).
 //! - Decorators: [`Counted`] (the values a rank sends, [`Traffic`]), [`SharedGroup`] (one group
-//!   shared by several users), [`SlowLink`] (a simulated link for benchmarks).
+//!   shared by several users), [`SlowLink`] (a simulated link for benchmarks), and a boxed
+//!   group; each says what it does before a call (decorator.rs's `Decorator`) and gets every
+//!   method forwarded from one macro, `forward_process_group!`, checked against the trait.
 //! - Sub-groups: [`mesh_groups`] gives each rank of a `dp x tp` mesh its two [`SubGroup`]s.
 //! - Votes: [`same_on_every_rank`], [`ranks_voting_yes`], [`broadcast_text`].
 //! - [`ParallelError`]: what all of it reports (afterburner-parallel's error too).
@@ -18,6 +20,7 @@
 #![warn(missing_docs)]
 
 mod counted;
+mod decorator;
 #[cfg(any(test, feature = "testing"))]
 pub mod forwarding;
 mod group;

@@ -3,10 +3,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::{ParallelError, ProcessGroup, Quorum, ReduceOp};
+use crate::ProcessGroup;
+use crate::decorator::{Decorator, forward_process_group};
 
 /// A cloneable handle on a process group: every clone calls the same group (one call at a
 /// time). FSDP needs it because its gather nodes keep the group for the backward pass.
@@ -36,48 +36,12 @@ impl<G> std::fmt::Debug for SharedGroup<G> {
     }
 }
 
-impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for SharedGroup<G> {
-    fn rank(&self) -> usize {
-        self.with(|g| g.rank())
-    }
+impl<B: Backend, G: ProcessGroup<B>> Decorator<B> for SharedGroup<G> {
+    type Inner = G;
 
-    fn world_size(&self) -> usize {
-        self.with(|g| g.world_size())
-    }
-
-    fn all_reduce(
-        &self,
-        tensor: Tensor<B, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        self.with(|g| g.all_reduce(tensor, op))
-    }
-
-    fn broadcast(
-        &self,
-        tensor: Option<Tensor<B, 1>>,
-        root: usize,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        self.with(|g| g.broadcast(tensor, root))
-    }
-
-    fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
-        self.with(|g| g.all_gather(tensor))
-    }
-
-    fn reduce_scatter(
-        &self,
-        tensor: Tensor<B, 1>,
-        op: ReduceOp,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        self.with(|g| g.reduce_scatter(tensor, op))
-    }
-
-    fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
-        self.with(|g| g.barrier(device))
-    }
-
-    fn quorum(&self) -> Option<Arc<dyn Quorum>> {
-        self.with(|g| g.quorum())
+    fn with_inner<R>(&self, call: impl FnOnce(&G) -> R) -> R {
+        self.with(call)
     }
 }
+
+forward_process_group!(SharedGroup);

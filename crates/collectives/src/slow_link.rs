@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::{ParallelError, ProcessGroup, Quorum, ReduceOp};
+use crate::ProcessGroup;
+use crate::decorator::{Decorator, Outgoing, forward_process_group};
 
 /// Wraps an engine: before each collective this rank sleeps `latency + bytes / bandwidth`
 /// (the bytes of the values it sends, in their dtype) and counts the bytes.
@@ -44,52 +44,16 @@ impl<G> SlowLink<G> {
     }
 }
 
-fn len<B: Backend>(t: &Tensor<B, 1>) -> usize {
-    t.dims()[0]
-}
+impl<B: Backend, G: ProcessGroup<B>> Decorator<B> for SlowLink<G> {
+    type Inner = G;
 
-impl<B: Backend, G: ProcessGroup<B>> ProcessGroup<B> for SlowLink<G> {
-    fn rank(&self) -> usize {
-        self.engine.rank()
+    fn with_inner<R>(&self, call: impl FnOnce(&G) -> R) -> R {
+        call(&self.engine)
     }
 
-    fn world_size(&self) -> usize {
-        self.engine.world_size()
-    }
-
-    fn all_reduce(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
-        self.pay(len(&t), t.dtype().size());
-        self.engine.all_reduce(t, op)
-    }
-
-    fn broadcast(
-        &self,
-        t: Option<Tensor<B, 1>>,
-        root: usize,
-    ) -> Result<Tensor<B, 1>, ParallelError> {
-        self.pay(
-            t.as_ref().map_or(0, len),
-            t.as_ref().map_or(4, |t| t.dtype().size()),
-        );
-        self.engine.broadcast(t, root)
-    }
-
-    fn all_gather(&self, t: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
-        self.pay(len(&t), t.dtype().size());
-        self.engine.all_gather(t)
-    }
-
-    fn reduce_scatter(&self, t: Tensor<B, 1>, op: ReduceOp) -> Result<Tensor<B, 1>, ParallelError> {
-        self.pay(len(&t), t.dtype().size());
-        self.engine.reduce_scatter(t, op)
-    }
-
-    fn barrier(&self, device: &B::Device) -> Result<(), ParallelError> {
-        self.pay(0, 4);
-        self.engine.barrier(device)
-    }
-
-    fn quorum(&self) -> Option<std::sync::Arc<dyn Quorum>> {
-        self.engine.quorum()
+    fn before(&self, outgoing: Outgoing) {
+        self.pay(outgoing.values, outgoing.value_bytes);
     }
 }
+
+forward_process_group!(SlowLink);
