@@ -400,8 +400,9 @@ impl Lighthouse {
             return;
         };
         let missing = Self::why_missing(state, &expected);
-        let min_replicas =
-            (self.agreement()).min_replicas(self.config.min_replicas, self.config.replicas);
+        let min_replicas = self
+            .agreement()
+            .min_replicas(self.config.min_replicas, self.config.replicas);
         let result = combine(round, &expected, seq, min_replicas, &missing);
         if let Ok((_, members)) = &result {
             let left: Vec<usize> = state
