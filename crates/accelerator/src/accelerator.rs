@@ -54,6 +54,8 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     /// This thread's counted FLOPs when the Accelerator was built ([`flops`](Self::flops)
     /// counts from there).
     pub(crate) flops_at_start: u64,
+    /// This thread's counted host reads when the Accelerator was built.
+    pub(crate) host_reads_at_start: u64,
     pub(crate) progress: Arc<Mutex<DataProgress>>,
     /// A batch the training loader could not make, for the next call to report.
     pub(crate) data_fault: FaultSlot,
@@ -143,6 +145,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             precision,
             counters: Counters::default(),
             flops_at_start: afterburner_precision::flops_counted(),
+            host_reads_at_start: afterburner_precision::host_reads_counted(),
             progress: Arc::default(),
             data_fault: Arc::default(),
             pending: None,
@@ -458,6 +461,13 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// the state: a resumed run counts from its start.
     pub fn flops(&self) -> u64 {
         afterburner_precision::flops_counted().wrapping_sub(self.flops_at_start)
+    }
+
+    /// Device-to-host reads this rank's thread has made through `Autocast` since the
+    /// Accelerator was built (see [`count_host_reads`](afterburner_precision::count_host_reads)):
+    /// each one drains a GPU's queue. 0 on a backend without `Autocast`.
+    pub fn host_reads(&self) -> u64 {
+        afterburner_precision::host_reads_counted().wrapping_sub(self.host_reads_at_start)
     }
 
     /// What the last [`step`](Self::step) did.

@@ -63,7 +63,9 @@ pub use afterburner_parallel::{
     AutoWrapPolicy, FsdpConfig, ParallelStrategy, ShardingStrategy, StateDictType, StateSaving,
 };
 pub use afterburner_precision as precision;
-pub use afterburner_precision::{Autocast, Precision, count_flops, flops_counted};
+pub use afterburner_precision::{
+    Autocast, Precision, count_flops, count_host_reads, flops_counted, host_reads_counted,
+};
 pub use afterburner_throughput as throughput;
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
 pub use error::AccelerateError;

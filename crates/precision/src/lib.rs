@@ -41,6 +41,7 @@ mod backend;
 mod error;
 mod flops;
 pub mod grads;
+mod host_reads;
 mod mode;
 mod plugin;
 mod policy;
@@ -53,6 +54,7 @@ pub use autocast::{
 pub use backend::{Autocast, autocast_dtype, autocast_ops, promotes_dtypes, record_autocast_nodes};
 pub use error::PrecisionError;
 pub use flops::{count_flops, flops_counted, set_flop_counting};
+pub use host_reads::{count_host_reads, host_reads_counted};
 pub use mode::AutocastMode;
 pub use plugin::{OpScope, PrecisionPlugin};
 pub use policy::Precision;

@@ -23,7 +23,6 @@ impl<B: Backend> BoolTensorOps<Self> for Autocast<B> {
         fn bool_empty(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self>;
         fn bool_zeros(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self>;
         fn bool_ones(shape: Shape, device: &Device<Self>, dtype: BoolDType) -> BoolTensor<Self>;
-        fn bool_into_data(tensor: BoolTensor<Self>) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send;
         fn bool_from_data(data: TensorData, device: &Device<Self>) -> BoolTensor<Self>;
         fn bool_into_int(tensor: BoolTensor<Self>, out_dtype: IntDType) -> IntTensor<Self>;
         fn bool_into_float(tensor: BoolTensor<Self>, out_dtype: FloatDType) -> FloatTensor<Self>;
@@ -59,5 +58,12 @@ impl<B: Backend> BoolTensorOps<Self> for Autocast<B> {
         fn bool_argwhere(tensor: BoolTensor<Self>, out_dtype: IntDType) -> impl Future<Output = IntTensor<Self>> + 'static + Send;
         fn bool_expand(tensor: BoolTensor<Self>, shape: Shape) -> BoolTensor<Self>;
         fn bool_unfold(tensor: BoolTensor<Self>, dim: usize, size: usize, step: usize) -> BoolTensor<Self>;
+    }
+
+    fn bool_into_data(
+        tensor: BoolTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        crate::host_reads::add_read();
+        B::bool_into_data(tensor)
     }
 }

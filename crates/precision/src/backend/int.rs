@@ -24,7 +24,6 @@ use super::{Autocast, forward};
 impl<B: Backend> IntTensorOps<Self> for Autocast<B> {
     forward! { B;
         fn int_empty(shape: Shape, device: &Device<Self>, dtype: IntDType) -> IntTensor<Self>;
-        fn int_into_data(tensor: IntTensor<Self>) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send;
         fn int_from_data(data: TensorData, device: &Device<Self>) -> IntTensor<Self>;
         fn int_device(tensor: &IntTensor<Self>) -> Device<Self>;
         fn int_to_device(tensor: IntTensor<Self>, device: &Device<Self>) -> IntTensor<Self>;
@@ -127,5 +126,12 @@ impl<B: Backend> IntTensorOps<Self> for Autocast<B> {
         fn bitwise_right_shift_scalar(lhs: IntTensor<Self>, rhs: Scalar) -> IntTensor<Self>;
         fn int_cast(tensor: IntTensor<Self>, dtype: IntDType) -> IntTensor<Self>;
         fn int_unfold(tensor: IntTensor<Self>, dim: usize, size: usize, step: usize) -> IntTensor<Self>;
+    }
+
+    fn int_into_data(
+        tensor: IntTensor<Self>,
+    ) -> impl Future<Output = Result<TensorData, ExecutionError>> + Send {
+        crate::host_reads::add_read();
+        B::int_into_data(tensor)
     }
 }
