@@ -24,6 +24,10 @@ pub struct ImageBatch<B: Backend> {
     pub images: Tensor<B, 4>,
     /// `[batch]` class indices.
     pub labels: Tensor<B, 1, Int>,
+    /// The largest class index in `labels`, taken on the host while batching (`None` for an
+    /// empty batch), so a loss checks it against the model's classes without reading the
+    /// device.
+    pub max_label: Option<usize>,
 }
 
 /// Stacks [`ImageItem`]s of one shape into an [`ImageBatch`] (Burn's [`Batcher`]).
@@ -58,6 +62,7 @@ impl<B: Backend> Batcher<B, ImageItem, ImageBatch<B>> for ImageBatcher {
         }
         let mut pixels = Vec::with_capacity(n * size);
         let mut labels = Vec::with_capacity(n);
+        let max_label = items.iter().map(|item| item.label).max();
         for item in items {
             pixels.extend_from_slice(&item.pixels);
             labels.push(item.label as i64);
@@ -66,6 +71,7 @@ impl<B: Backend> Batcher<B, ImageItem, ImageBatch<B>> for ImageBatcher {
         ImageBatch {
             images: Tensor::from_data(TensorData::new(pixels, shape), device),
             labels: Tensor::from_data(TensorData::new(labels, [n]), device),
+            max_label,
         }
     }
 }

@@ -21,32 +21,24 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> TrainLoss<B, ImageBatch<B>, S> 
         batch: ImageBatch<B>,
     ) -> Result<Tensor<B, 1>, AccelerateError> {
         let logits = acc.forward(self, batch.images, |model, images| model.forward(images))?;
-        check_classes(batch.labels.clone(), logits.dims()[1], "label")?;
+        check_classes(batch.max_label, logits.dims()[1], "label")?;
         let loss = CrossEntropyLossConfig::new().init(&logits.device());
         Ok(loss.forward(logits, batch.labels))
     }
 }
 
-/// Errors unless every class index in `labels` is below `classes` (Burn's cross-entropy
-/// panics on one that is not): one small host read per batch.
-fn check_classes<B: Backend>(
-    labels: Tensor<B, 1, Int>,
+/// Errors unless the largest class index of a batch (taken on the host by its batcher) is
+/// below `classes` (Burn's cross-entropy panics on one that is not); reads nothing from the
+/// device.
+fn check_classes(
+    largest: Option<usize>,
     classes: usize,
     what: &str,
 ) -> Result<(), AccelerateError> {
-    if labels.dims()[0] == 0 {
-        return Ok(());
-    }
-    let range = Tensor::cat(vec![labels.clone().min(), labels.max()], 0);
-    let range = range.into_data().convert::<i64>().to_vec::<i64>();
-    match range.as_deref() {
-        Ok([low, high]) if *low >= 0 && (*high as u64) < classes as u64 => Ok(()),
-        Ok([low, high]) => Err(AccelerateError::invalid(
+    match largest {
+        Some(largest) if largest >= classes => Err(AccelerateError::invalid(
             "labels",
-            format!(
-                "a {what} of {} in a batch (the model has {classes} classes)",
-                if *low < 0 { low } else { high }
-            ),
+            format!("a {what} of {largest} in a batch (the model has {classes} classes)"),
             "class indices from 0 to the model's number of classes - 1",
         )),
         _ => Ok(()),
@@ -74,7 +66,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> TrainLoss<B, TokenBatch<B>, S> 
     ) -> Result<Tensor<B, 1>, AccelerateError> {
         let logits = acc.forward(self, batch.inputs, |model, tokens| model.forward(tokens))?;
         let vocab = logits.dims()[2];
-        check_classes(batch.targets.clone().flatten(0, 1), vocab, "target token")?;
+        check_classes(batch.max_target, vocab, "target token")?;
         Ok(next_token_loss(logits, batch.targets))
     }
 

@@ -93,6 +93,9 @@ pub struct TokenBatch<B: Backend> {
     pub inputs: Tensor<B, 2, Int>,
     /// The byte after each one.
     pub targets: Tensor<B, 2, Int>,
+    /// The largest byte in `targets`, taken on the host while batching (`None` for an empty
+    /// batch), so a loss checks it against the model's vocabulary without reading the device.
+    pub max_target: Option<usize>,
 }
 
 /// Stacks [`TextItem`]s into a [`TokenBatch`] (Burn's `Batcher`).
@@ -112,9 +115,15 @@ impl<B: Backend> Batcher<B, TextItem, TokenBatch<B>> for TokenBatcher {
                 .collect();
             Tensor::from_data(TensorData::new(values, [n, len]), device)
         };
+        let max_target = items
+            .iter()
+            .filter_map(|item| item.tokens.iter().skip(1).take(len).max())
+            .max()
+            .map(|byte| *byte as usize);
         TokenBatch {
             inputs: column(0),
             targets: column(1),
+            max_target,
         }
     }
 }

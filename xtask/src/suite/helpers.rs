@@ -84,6 +84,7 @@ pub fn token_batch<B: AutodiffBackend>(device: &B::Device) -> TokenBatch<B> {
     TokenBatch {
         inputs: all.clone().narrow(1, 0, 8),
         targets: all.narrow(1, 1, 8),
+        max_target: Some(10),
     }
 }
 
