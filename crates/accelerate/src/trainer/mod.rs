@@ -47,6 +47,7 @@ mod tensorboard;
 mod throughput;
 mod train_loss;
 mod types;
+mod unread_losses;
 
 use std::sync::Arc;
 
@@ -119,6 +120,8 @@ pub struct Trainer<T: TrainerTypes> {
     log: RunLog,
     /// The optimizer step this run last saved a checkpoint at.
     saved_at: Option<u64>,
+    /// The training losses since they were last read (at a log, a save, the end).
+    unread: unread_losses::UnreadLosses<Inner<T::Backend>>,
     /// This rank's samples, tokens, FLOPs and time since the last training log.
     meter: ThroughputMeter,
     /// The device's peak FLOP/s for MFU, once looked up (`Some(None)`: unknown).
@@ -294,6 +297,7 @@ where
             state,
             log,
             saved_at: None,
+            unread: Default::default(),
             meter: ThroughputMeter::start(),
             peak_flops: None,
             join_pending,
@@ -332,6 +336,7 @@ impl<T: TrainerTypes> Trainer<T> {
             state: self.state,
             log: self.log,
             saved_at: self.saved_at,
+            unread: self.unread,
             meter: self.meter,
             peak_flops: self.peak_flops,
             join_pending: self.join_pending,

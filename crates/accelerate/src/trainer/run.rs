@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::parallel::ParallelStrategy;
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use super::TrainerTypes;
 use super::checkpoints::{
@@ -83,22 +83,17 @@ impl<T: TrainerTypes> Trainer<T> {
                 let tokens = model.batch_tokens(&batch).map(|t| t as u64);
                 self.meter
                     .add(self.args.per_device_train_batch_size as u64, tokens);
-                let (loss, value) = match per_item {
+                // The loss stays on the device until the next log (no host read here).
+                let (loss, divisor) = match per_item {
                     true => {
                         let (sum, items) = model.train_loss_sum(&self.acc, batch)?;
                         cycle_items += items;
-                        let total = sum.clone().into_scalar().elem::<f64>();
-                        (sum, total / items.max(1) as f64)
+                        (sum, items.max(1) as f64)
                     }
-                    false => {
-                        let loss = model.train_loss(&self.acc, batch)?;
-                        let value = loss.clone().into_scalar().elem::<f64>();
-                        (loss, value)
-                    }
+                    false => (model.train_loss(&self.acc, batch)?, 1.0),
                 };
-                self.state.loss_since_log += value;
+                self.unread.push(loss.clone().inner(), divisor);
                 self.state.batches_since_log += 1;
-                self.state.loss_total += value;
                 self.state.batches_total += 1;
                 self.acc.backward(loss, &model)?;
                 if per_item && self.acc.sync_gradients() {
@@ -173,6 +168,7 @@ impl<T: TrainerTypes> Trainer<T> {
         first_batch: u64,
         items_per_batch: u64,
     ) -> Result<TrainSummary, AccelerateError> {
+        self.read_losses()?;
         let model = self.model.take().ok_or_else(lost_model)?;
         let model = self.acc.finish(model)?;
         // The last update is checked by no later step: a model it poisoned ends the run with
@@ -285,6 +281,7 @@ impl<T: TrainerTypes> Trainer<T> {
     /// One training log line: the mean loss since the last one (across ranks), the learning
     /// rate the last step used, the last gradient norm when clipping.
     fn log_training(&mut self, items: u64) -> Result<(), AccelerateError> {
+        self.read_losses()?;
         let (loss, _) =
             self.mean_across_ranks(self.state.loss_since_log, self.state.batches_since_log)?;
         self.state.loss_since_log = 0.0;
@@ -330,6 +327,8 @@ impl<T: TrainerTypes> Trainer<T> {
     /// Accelerator's own state), then deletes the checkpoints past `save_total_limit`, never
     /// the best one.
     fn save(&mut self) -> Result<PathBuf, AccelerateError> {
+        // The saved state holds every loss so far.
+        self.read_losses()?;
         let dir = checkpoint_dir(&self.args.output_dir, self.state.global_step);
         if self.state.last_eval_was_best {
             self.state.best_model_checkpoint = Some(dir.clone());
@@ -354,6 +353,16 @@ impl<T: TrainerTypes> Trainer<T> {
             callback.on_save(&self.state, &dir);
         }
         Ok(dir)
+    }
+
+    /// Adds the losses left on the device since the last read to the state's sums, in the
+    /// order they came (one host read; none when there are none).
+    fn read_losses(&mut self) -> Result<(), AccelerateError> {
+        for value in self.unread.read()? {
+            self.state.loss_since_log += value;
+            self.state.loss_total += value;
+        }
+        Ok(())
     }
 
     /// Warns (main process) when a fresh run trains into an `output_dir` that holds
