@@ -58,6 +58,7 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::alloc;
 
 /// Settings of one suite's run.
+#[derive(Clone)]
 pub struct Options {
     pub backend: String,
     pub steps: usize,
@@ -286,7 +287,7 @@ fn on_backend(o: &Options, suite: Suite) -> Result<(), String> {
     macro_rules! go {
         ($inner:ty) => {
             match suite {
-                Suite::Precision => precision::bench::<burn::backend::Autodiff<$inner>>(o),
+                Suite::Precision => precision::bench::<$inner>(o),
                 Suite::Checkpoint => checkpoint::bench::<$inner>(o),
                 Suite::Ddp => ddp::bench::<$inner>(o),
                 Suite::Data => data::bench::<$inner>(o),

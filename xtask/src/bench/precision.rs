@@ -1,18 +1,23 @@
 //! The precision suite: the small ViT for a fixed number of steps under each precision, next
-//! to the plain Burn loop, in one run. Reports steps/s, ratios, peak memory and final loss,
-//! and writes `bench-results/precision-<backend>.{json,md}`.
+//! to the plain Burn loop, in one run. Reports steps/s, ms per step, the host reads each step
+//! makes (counted by `Autocast` in a short second run of the same loop on
+//! `Autodiff<Autocast<I>>`: on a GPU each one drains the queue), ratios, peak memory and final
+//! loss, and writes `bench-results/precision-<backend>.{json,md}`.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use afterburner::{Accelerator, AcceleratorConfig, NonFinitePolicy, Precision};
+use afterburner::{
+    Accelerator, AcceleratorConfig, Autocast, NonFinitePolicy, Precision, host_reads_counted,
+};
 use afterburner_demos::models::VitConfig;
 use afterburner_demos::{ImageBatch, digits};
+use burn::backend::Autodiff;
 use burn::data::dataloader::batcher::Batcher;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::Serialize;
 
 use super::plot::Chart;
@@ -24,6 +29,9 @@ struct Row {
     scenario: String,
     precision: String,
     steps_per_s: f64,
+    ms_per_step: f64,
+    /// Device-to-host reads per training step (the loop's own, counted through `Autocast`).
+    host_reads_per_step: f64,
     /// Throughput relative to the Accelerator at 32-true.
     speed_vs_32_true: f64,
     /// Peak live heap bytes during the timed steps (CPU backends; counting allocator).
@@ -44,8 +52,8 @@ fn batches<B: AutodiffBackend>(
         .collect())
 }
 
-/// One measured run: (timed duration, peak bytes, final loss).
-type Measured = (Duration, usize, f64);
+/// One measured run: (timed duration, peak bytes, final loss, host reads in the timed steps).
+type Measured = (Duration, usize, f64, u64);
 
 fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::Device) -> Measured {
     B::seed(device, 0);
@@ -53,21 +61,27 @@ fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::De
     let mut optim = AdamWConfig::new().init();
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut start = Instant::now();
-    let mut last = 0.0;
+    let mut reads = host_reads_counted();
+    let mut last = None;
     for i in 0..o.warmup + o.steps {
         if i == o.warmup {
             start = start_timing::<B>(device);
+            reads = host_reads_counted();
         }
         let batch = &data[i % data.len()];
         let loss = loss_fn.forward(model.forward(batch.images.clone()), batch.labels.clone());
-        if i + 1 == o.warmup + o.steps {
-            last = loss.clone().into_scalar().elem::<f64>();
-        }
+        last = Some(loss.clone());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-3, model, grads);
     }
     B::sync(device).ok();
-    (start.elapsed(), alloc::peak(), last)
+    let (elapsed, reads) = (start.elapsed(), host_reads_counted() - reads);
+    (elapsed, alloc::peak(), read_loss(last), reads)
+}
+
+/// The last step's loss, read after the timed steps.
+fn read_loss<B: AutodiffBackend>(loss: Option<burn::tensor::Tensor<B, 1>>) -> f64 {
+    loss.map_or(f64::NAN, |loss| loss.into_scalar().elem::<f64>())
 }
 
 fn accelerated<B: AutodiffBackend>(
@@ -90,32 +104,57 @@ fn accelerated<B: AutodiffBackend>(
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut lr = 1e-3;
     let mut start = Instant::now();
-    let mut last = 0.0;
+    let mut reads = host_reads_counted();
+    let mut last = None;
     for i in 0..o.warmup + o.steps {
         if i == o.warmup {
             start = start_timing::<B>(device);
+            reads = host_reads_counted();
         }
         let batch = &data[i % data.len()];
         let logits = acc
             .forward(&model, batch.images.clone(), |m, x| m.forward(x))
             .map_err(|e| e.to_string())?;
         let loss = loss_fn.forward(logits, batch.labels.clone());
-        if i + 1 == o.warmup + o.steps {
-            last = loss.clone().into_scalar().elem::<f64>();
-        }
+        last = Some(loss.clone());
         acc.backward(loss, &model).map_err(|e| e.to_string())?;
         model = acc
             .step(model, &mut optim, &mut lr)
             .map_err(|e| e.to_string())?;
     }
     B::sync(device).ok();
-    Ok((start.elapsed(), alloc::peak(), last))
+    let (elapsed, reads) = (start.elapsed(), host_reads_counted() - reads);
+    Ok((elapsed, alloc::peak(), read_loss(last), reads))
 }
 
-/// Runs the suite on `B`.
-pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
-    let device = B::Device::default();
-    let data = batches::<B>(o, &device)?;
+/// Host reads per step of each scenario (index as in `bench`): a few steps of the same loops
+/// on `Autodiff<Autocast<I>>`, whose reads `Autocast` counts.
+fn reads_per_step<I: Backend>(
+    o: &Options,
+    precisions: &[(Precision, NonFinitePolicy)],
+) -> Result<Vec<f64>, String> {
+    type Counted<I> = Autodiff<Autocast<I>>;
+    let device = Default::default();
+    let data = batches::<Counted<I>>(o, &device)?;
+    let short = Options {
+        steps: 3,
+        warmup: 1,
+        ..o.clone()
+    };
+    let per_step = |m: Measured| m.3 as f64 / short.steps as f64;
+    let mut reads = vec![per_step(plain::<Counted<I>>(&short, &data, &device))];
+    for &setting in precisions {
+        let measured = accelerated::<Counted<I>>(&short, setting, &data, &device);
+        reads.push(measured.map_or(f64::NAN, per_step));
+    }
+    Ok(reads)
+}
+
+/// Runs the suite on `Autodiff<I>`.
+pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
+    type B<I> = Autodiff<I>;
+    let device = Default::default();
+    let data = batches::<B<I>>(o, &device)?;
     // The default non-finite guard, and 32-true without it ("apply") to show its cost.
     let skip = NonFinitePolicy::Skip;
     let precisions = [
@@ -140,9 +179,9 @@ pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
             };
             progress.next(format!("round {}/{}: {name}", round + 1, o.rounds));
             let m = if s == 0 {
-                plain::<B>(o, &data, &device)
+                plain::<B<I>>(o, &data, &device)
             } else {
-                match accelerated::<B>(o, precisions[s - 1], &data, &device) {
+                match accelerated::<B<I>>(o, precisions[s - 1], &data, &device) {
                     Ok(m) => m,
                     Err(e) => {
                         eprintln!("{}: skipped ({e})", precisions[s - 1].0);
@@ -151,12 +190,13 @@ pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
                 }
             };
             best[s] = Some(match best[s] {
-                Some(b) if b.0 <= m.0 => (b.0, b.1.max(m.1), b.2),
-                Some(b) => (m.0, b.1.max(m.1), m.2),
+                Some(b) if b.0 <= m.0 => (b.0, b.1.max(m.1), b.2, b.3),
+                Some(b) => (m.0, b.1.max(m.1), m.2, m.3),
                 None => m,
             });
         }
     }
+    let reads = reads_per_step::<I>(o, &precisions)?;
     let rate = |m: &Measured| o.steps as f64 / m.0.as_secs_f64();
     let base = best[1].as_ref().map(rate).unwrap_or(f64::NAN);
     let rows: Vec<Row> = best
@@ -177,6 +217,8 @@ pub fn bench<B: AutodiffBackend>(o: &Options) -> Result<(), String> {
                     _ => precisions[s - 1].0.to_string(),
                 },
                 steps_per_s: rate(m),
+                ms_per_step: 1e3 / rate(m),
+                host_reads_per_step: reads[s],
                 speed_vs_32_true: rate(m) / base,
                 peak_mib: m.1 as f64 / (1024.0 * 1024.0),
                 final_loss: m.2,
@@ -190,15 +232,22 @@ fn write_results(o: &Options, rows: &[Row]) -> Result<(), String> {
     let mut md = format!(
         "ViT (d_model 64, 2 blocks, 16 patches) on 8x8 digits, backend `{}`, batch {}, {} timed steps \
          after {} warm-up, best of {} rounds.\n\n\
-         | scenario | precision | steps/s | speed vs Accelerator 32-true | peak MiB | final loss |\n\
-         |---|---|---|---|---|---|\n",
+         | scenario | precision | steps/s | ms/step | host reads/step | speed vs Accelerator 32-true | peak MiB | final loss |\n\
+         |---|---|---|---|---|---|---|---|\n",
         o.backend, o.batch_size, o.steps, o.warmup, o.rounds
     );
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.3} | {:.1} | {:.4} |",
-            r.scenario, r.precision, r.steps_per_s, r.speed_vs_32_true, r.peak_mib, r.final_loss
+            "| {} | {} | {:.2} | {:.2} | {} | {:.3} | {:.1} | {:.4} |",
+            r.scenario,
+            r.precision,
+            r.steps_per_s,
+            r.ms_per_step,
+            r.host_reads_per_step,
+            r.speed_vs_32_true,
+            r.peak_mib,
+            r.final_loss
         );
     }
     if let (Some(plain), Some(acc)) = (rows.first(), rows.get(1)) {
