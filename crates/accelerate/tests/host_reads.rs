@@ -1,0 +1,155 @@
+//! Host reads on the training step path: every read of a device value on the host drains a
+//! GPU's queue, so the Trainer reads its training values (the running loss, the gradient norm,
+//! the skipped steps) once per log and never between two logs, and a hand-written Accelerator
+//! loop reads nothing per step. Counted by `Autocast` (`afterburner::count_host_reads`).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use afterburner::trainer::{Flow, TrainingArguments};
+use afterburner::trainer::{IntervalStrategy, LogEntry, Trainer, TrainerCallback, TrainerState};
+use afterburner::{Accelerator, AcceleratorConfig, Autocast, NonFinitePolicy, host_reads_counted};
+use afterburner_demos::{ImageBatch, digits};
+use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::batcher::Batcher;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::AdamWConfig;
+use burn::tensor::backend::Backend;
+use common::{BATCHER, rng_lock, tiny_vit};
+
+type B = Autodiff<Autocast<Flex>>;
+
+/// What the callback saw: the thread's host reads at each step's end and at each log.
+#[derive(Default)]
+struct Seen {
+    at_step_end: Vec<(u64, u64)>,
+    at_log: Vec<(u64, u64)>,
+}
+
+#[derive(Clone, Default)]
+struct ReadCounter(Arc<Mutex<Seen>>);
+
+impl TrainerCallback for ReadCounter {
+    fn on_step_end(&mut self, state: &TrainerState) -> Flow {
+        let mut seen = self.0.lock().unwrap();
+        seen.at_step_end
+            .push((state.global_step, host_reads_counted()));
+        Flow::Continue
+    }
+
+    fn on_log(&mut self, state: &TrainerState, _entry: &LogEntry) {
+        let mut seen = self.0.lock().unwrap();
+        seen.at_log.push((state.global_step, host_reads_counted()));
+    }
+}
+
+/// Host reads between consecutive step ends (index k: from step k+1's end to step k+2's)
+/// and from step 20's end to its log, for a 20-step run logging every 10.
+fn reads_per_step(precision: &str, max_grad_norm: f64) -> (Vec<u64>, u64) {
+    let _rng = rng_lock();
+    <B as Backend>::seed(&Default::default(), 7);
+    let model = tiny_vit().init::<B>(&Default::default());
+    let all = digits::load().unwrap();
+    let args = TrainingArguments {
+        output_dir: common::scratch_dir(&format!("host-reads-{precision}")),
+        max_steps: 20,
+        per_device_train_batch_size: 4,
+        logging_strategy: IntervalStrategy::Steps,
+        logging_steps: 10.0,
+        eval_strategy: IntervalStrategy::No,
+        save_strategy: IntervalStrategy::No,
+        max_grad_norm,
+        precision: precision.parse().unwrap(),
+        ..Default::default()
+    };
+    let counter = ReadCounter::default();
+    let mut trainer = Trainer::new(model, args, all.clone().take(80), all.take(8), BATCHER)
+        .unwrap()
+        .with_callback(counter.clone());
+    trainer.train().unwrap();
+    let seen = counter.0.lock().unwrap();
+    assert_eq!(seen.at_step_end.len(), 20);
+    let between: Vec<u64> = seen
+        .at_step_end
+        .windows(2)
+        .map(|w| w[1].1 - w[0].1)
+        .collect();
+    let last_log = seen.at_log.last().unwrap();
+    assert_eq!(last_log.0, 20);
+    (between, last_log.1 - seen.at_step_end[19].1)
+}
+
+/// The one read per optimizer step left on the Trainer's path: the non-finite guard (or, with
+/// `max_grad_norm`, the gradient norm it also checks) decides on the host whether to skip the
+/// step (issue 43 moves that decision to the device).
+const GUARD_READS_PER_STEP: u64 = 1;
+
+#[test]
+fn the_trainer_reads_its_training_values_once_per_log() {
+    for precision in ["32-true", "bf16-mixed", "16-mixed"] {
+        for max_grad_norm in [0.0, 1.0] {
+            let (between, at_last_log) = reads_per_step(precision, max_grad_norm);
+            let expected: Vec<u64> = (2..=20)
+                .map(|step| GUARD_READS_PER_STEP + u64::from(step == 11))
+                .collect();
+            // Steps 2..=20: the guard's read each, and the log of step 10 (read after step
+            // 10's end, so counted towards step 11).
+            assert_eq!(
+                between, expected,
+                "{precision}, max_grad_norm {max_grad_norm}: host reads from one step's end to \
+                 the next"
+            );
+            assert_eq!(at_last_log, 1, "{precision}: the log of step 20 reads once");
+        }
+    }
+}
+
+/// Host reads of each of 6 steps of a hand-written Accelerator loop on the tiny ViT.
+fn hand_loop_reads(
+    precision: &str,
+    guard: NonFinitePolicy,
+    max_grad_norm: Option<f64>,
+) -> Vec<u64> {
+    let _rng = rng_lock();
+    let device = Default::default();
+    let config = AcceleratorConfig {
+        precision: precision.parse().unwrap(),
+        nonfinite_gradients: guard,
+        max_grad_norm,
+        seed: 7,
+        ..Default::default()
+    };
+    let mut acc = Accelerator::<B>::new(config, device).unwrap();
+    let model = tiny_vit().init::<B>(&device);
+    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init()).unwrap();
+    let items = digits::load().unwrap().items()[..24].to_vec();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut reads = Vec::new();
+    for chunk in items.chunks(4) {
+        let batch: ImageBatch<B> = BATCHER.batch(chunk.to_vec(), &device);
+        let before = acc.host_reads();
+        let logits = acc
+            .forward(&model, batch.images, |m, x| m.forward(x))
+            .unwrap();
+        let loss = loss_fn.forward(logits, batch.labels);
+        acc.backward(loss, &model).unwrap();
+        model = acc.step(model, &mut optim, &mut 1e-3).unwrap();
+        reads.push(acc.host_reads() - before);
+    }
+    assert_eq!(acc.counters().optimizer_steps, 6);
+    reads
+}
+
+#[test]
+fn a_hand_written_loop_reads_nothing_per_step_without_the_guard() {
+    for precision in ["32-true", "bf16-mixed", "bf16-true"] {
+        let reads = hand_loop_reads(precision, NonFinitePolicy::Apply, None);
+        assert_eq!(reads, vec![0; 6], "{precision}: nothing read on the host");
+    }
+    // The guard's decision and the clipping norm are the reads left: one a step.
+    let reads = hand_loop_reads("32-true", NonFinitePolicy::Skip, None);
+    assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
+    let reads = hand_loop_reads("bf16-mixed", NonFinitePolicy::Skip, Some(1.0));
+    assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
+}
