@@ -40,11 +40,12 @@ mod linear;
 mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
+pub mod perf;
 mod plot;
 mod precision;
 pub mod presets;
 mod progress;
-mod torch;
+pub(crate) mod torch;
 mod tp;
 #[cfg(feature = "flex")]
 pub mod traffic;

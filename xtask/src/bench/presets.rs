@@ -65,8 +65,10 @@ pub struct Row {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Preset {
+pub(super) enum Preset {
+    /// ViT-B/16.
     VitB16,
+    /// GPT-2 small.
     Gpt2Small,
 }
 
@@ -90,7 +92,7 @@ impl Preset {
     }
 
     /// Per-device batch sizes, and the sequence length (tokens) or image side (pixels).
-    fn shapes(self, quick: bool) -> (Vec<usize>, usize) {
+    pub(super) fn shapes(self, quick: bool) -> (Vec<usize>, usize) {
         match (self, quick) {
             (Preset::VitB16, false) => (vec![16, 64], 224),
             (Preset::VitB16, true) => (vec![2], 64),
@@ -108,7 +110,7 @@ impl Preset {
 }
 
 /// Every device of `I`'s kind (Burn's `device_count`), the default one first.
-fn all_devices<I: Backend>() -> Result<Vec<I::Device>, String> {
+pub(super) fn all_devices<I: Backend>() -> Result<Vec<I::Device>, String> {
     let count = I::device_count(I::Device::default().id().type_id).max(1);
     afterburner::parallel::local_devices::<I>(count).map_err(|e| e.to_string())
 }
@@ -172,18 +174,18 @@ pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-struct Setting {
-    preset: Preset,
+pub(super) struct Setting {
+    pub(super) preset: Preset,
     /// The model's FLOPs per training step on one device (`None`: not counted).
-    flops: Option<u64>,
-    batch: usize,
-    size: usize,
-    precision: Precision,
-    checkpointing: bool,
-    strategy: &'static str,
+    pub(super) flops: Option<u64>,
+    pub(super) batch: usize,
+    pub(super) size: usize,
+    pub(super) precision: Precision,
+    pub(super) checkpointing: bool,
+    pub(super) strategy: &'static str,
 }
 
-fn measure<I: Backend>(o: &Options, s: &Setting, devices: &[I::Device]) -> Row {
+pub(super) fn measure<I: Backend>(o: &Options, s: &Setting, devices: &[I::Device]) -> Row {
     let mut row = Row {
         preset: s.preset.name().into(),
         strategy: if devices.len() == 1 {
@@ -285,7 +287,7 @@ where
     let run = move |mut acc: Accelerator<Autodiff<I>>| -> Result<Measured, AccelerateError> {
         let (mut model, mut optim) = acc.setup(model.clone(), AdamWConfig::new().init())?;
         let mut start = Instant::now();
-        let mut last = 0.0;
+        let mut last = None;
         for i in 0..warmup + steps {
             if i == warmup {
                 I::sync(acc.device()).ok();
@@ -293,14 +295,14 @@ where
                 start = Instant::now();
             }
             let value = loss(&acc, &model)?;
-            if i + 1 == warmup + steps {
-                last = value.clone().into_scalar().elem::<f64>();
-            }
+            last = Some(value.clone());
             acc.backward(value, &model)?;
             model = acc.step(model, &mut optim, &mut 1e-4)?;
         }
         I::sync(acc.device()).ok();
         let elapsed = start.elapsed() / steps as u32;
+        // The last loss is read after the clock stops (a read inside would drain the queue).
+        let last = last.map_or(f64::NAN, |l| l.into_scalar().elem::<f64>());
         Ok((elapsed, last, device_memory::<I>(acc.device())))
     };
     let results = Accelerator::<Autodiff<I>>::launch(config(s), devices.to_vec(), run)
@@ -313,7 +315,7 @@ where
 /// The FLOPs of one training step of `preset` at `batch` on one device: one forward and
 /// backward counted on `Autodiff<Autocast<I>>` (f32, no checkpointing: the model's FLOPs,
 /// whatever the measured setting's precision and checkpointing).
-fn model_flops<I: Backend>(
+pub(super) fn model_flops<I: Backend>(
     preset: Preset,
     batch: usize,
     size: usize,

@@ -50,7 +50,7 @@ struct TorchRun {
 }
 
 /// The Python interpreter to use.
-pub(super) fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("AFTERBURNER_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 

@@ -8,15 +8,20 @@
 mod cuda_env;
 mod report;
 mod runner;
+mod twins;
 
 use std::process::Command;
 use xtask::suite;
 
 /// The command line.
 pub const USAGE: &str =
-    "usage: cargo xtask gpu-check [--dry-run] [--quick] [--only CHECKS] [--out DIR] [--backend B]
+    "usage: cargo xtask gpu-check [--dry-run] [--quick] [--perf [--compile]] [--only CHECKS] [--out DIR] [--backend B]
   --dry-run    list what it would run and check that a CUDA device is there; run nothing
   --quick      the bench presets with tiny step counts (as CI runs them on flex)
+  --perf       the short session's run (docs/gpu.md): the PyTorch twins of GPT-2 small and
+               ViT-B/16, the tensor-parallel check, then the two presets at 32-true and
+               bf16-mixed on one device; the report is rewritten after each part
+  --compile    with --perf: the twins also under torch.compile
   --only C,..  only these checks of the backend suite (no all-reduce, no presets)
   --out DIR    where the report goes (default bench-results/gpu-check)
   --backend B  cuda (default), or flex / wgpu to try the same run without a GPU
@@ -69,6 +74,10 @@ pub struct Options {
     pub backend: String,
     /// Only these checks of the suite, and neither the all-reduce nor the presets.
     pub only: Option<Vec<String>>,
+    /// The short session's focused run (twins, the tensor-parallel check, two presets).
+    pub perf: bool,
+    /// With `perf`: the twins under `torch.compile` as well.
+    pub compile: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -78,12 +87,16 @@ fn parse(args: &[String]) -> Result<Options, String> {
         out: "bench-results/gpu-check".into(),
         backend: "cuda".into(),
         only: None,
+        perf: false,
+        compile: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--dry-run" => o.dry_run = true,
             "--quick" => o.quick = true,
+            "--perf" => o.perf = true,
+            "--compile" => o.compile = true,
             "--out" => {
                 o.out = it
                     .next()
@@ -114,6 +127,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             other => return Err(format!("unknown option {other}")),
         }
+    }
+    if o.compile && !o.perf {
+        return Err("--compile goes with --perf".into());
     }
     Ok(o)
 }
@@ -309,6 +325,28 @@ fn print_plan(options: &Options) {
     } else {
         "device"
     };
+    if options.perf {
+        println!(
+            "  2. the PyTorch twins (xtask/torch/preset_twins.py): gpt2-small and vit-b16 at \
+             32-true and bf16-mixed, eager{}, TF32 as Burn's CUDA matmuls use it",
+            if options.compile {
+                " and torch.compile"
+            } else {
+                ""
+            }
+        );
+        println!("  3. the backend suite's tensor_parallel_equals_one_device");
+        println!(
+            "  4. gpt2-small (batch 8 x 1024) and vit-b16 (batch 64, 224 px) at 32-true and \
+             bf16-mixed on one {devices}{}",
+            if options.quick { " (quick shapes)" } else { "" }
+        );
+        println!(
+            "  5. report: {0}/gpu-check.md and {0}/gpu-check.json, rewritten after each part",
+            options.out
+        );
+        return;
+    }
     println!("  2. the backend suite on the first {devices}:");
     for name in xtask::suite::CHECK_NAMES {
         println!("     - {name}");

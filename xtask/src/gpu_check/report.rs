@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use xtask::suite::Outcome;
 
+use super::twins::TwinRow;
 use crate::bench::bandwidth::Bandwidth;
 use crate::bench::presets::Row;
 
@@ -31,8 +32,13 @@ pub struct Report {
     pub presets: Vec<Row>,
     /// Why the presets did not run, if they did not.
     pub presets_error: Option<String>,
-    /// The in-process engine's all-reduce over every device, or why it failed.
-    pub all_reduce: Result<Bandwidth, String>,
+    /// The in-process engine's all-reduce over every device, or why it failed (`None`: not
+    /// run, under `--only` and `--perf`).
+    pub all_reduce: Option<Result<Bandwidth, String>>,
+    /// The PyTorch twins of the presets on the same device (`--perf`).
+    pub twins: Vec<TwinRow>,
+    /// Why the twins did not run, if they were to and did not.
+    pub twins_error: Option<String>,
 }
 
 impl Report {
@@ -41,7 +47,7 @@ impl Report {
         self.checks.iter().all(|c| c.passed)
             && self.presets_error.is_none()
             && self.presets.iter().all(|r| r.error.is_none())
-            && self.all_reduce.is_ok()
+            && self.all_reduce.as_ref().is_none_or(Result::is_ok)
     }
 
     /// The report as markdown.
@@ -87,7 +93,8 @@ impl Report {
         }
         md.push('\n');
         match &self.all_reduce {
-            Ok(b) => {
+            None => {}
+            Some(Ok(b)) => {
                 let _ = writeln!(
                     md,
                     "## All-reduce (in-process engine)\n\n{} MiB of f32 over {} ranks{}: \
@@ -104,7 +111,7 @@ impl Report {
                     b.bus_gb_s
                 );
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 let _ = writeln!(md, "## All-reduce (in-process engine)\n\nFAILED: {e}\n");
             }
         }
@@ -112,6 +119,13 @@ impl Report {
             let _ = writeln!(md, "## Presets\n\nnot run: {e}");
         } else {
             md.push_str(&crate::bench::presets::table(&self.presets));
+        }
+        if !self.twins.is_empty() || self.twins_error.is_some() {
+            md.push_str(&super::twins::markdown(
+                &self.presets,
+                &self.twins,
+                &self.twins_error,
+            ));
         }
         md
     }
