@@ -38,6 +38,7 @@
 
 pub mod autocast;
 mod backend;
+mod device_scaler;
 mod error;
 mod flops;
 pub mod grads;
@@ -52,6 +53,7 @@ pub use autocast::{
     shared_float_state,
 };
 pub use backend::{Autocast, autocast_dtype, autocast_ops, promotes_dtypes, record_autocast_nodes};
+pub use device_scaler::DeviceScaler;
 pub use error::PrecisionError;
 pub use flops::{count_flops, flops_counted, set_flop_counting};
 pub use host_reads::{count_host_reads, host_reads_counted};
