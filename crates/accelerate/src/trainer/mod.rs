@@ -36,6 +36,7 @@ mod choices;
 mod cli;
 mod curves;
 mod evaluate;
+pub mod gated;
 mod heal;
 mod metrics;
 mod optim;
