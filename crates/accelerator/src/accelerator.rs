@@ -64,7 +64,7 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     /// Set once the pending gradients are unscaled (and their norm known).
     pub(crate) unscaled: Option<GradSummary>,
     pub(crate) clipped: bool,
-    last: StepOutcome,
+    pub(crate) last: StepOutcome,
     /// How training is spread over devices (single-device, DDP, ZeRO-1, FSDP, a user's).
     pub(crate) strategy: S,
     /// Whether the strategy reduced the pending gradients in this cycle.
@@ -73,6 +73,8 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     pub(crate) traffic: Traffic,
     /// Where saved states are stored (directories on disk by default).
     pub(crate) checkpointer: Arc<dyn Checkpointer>,
+    /// Steps [`step_on_device`](Self::step_on_device) decided and nobody read yet.
+    pub(crate) device_steps: Option<crate::device_step::DeviceSteps<B::InnerBackend>>,
 }
 
 impl<B: AutodiffBackend> Accelerator<B> {
@@ -157,6 +159,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             synced: false,
             traffic,
             checkpointer: Arc::new(FileCheckpointer),
+            device_steps: None,
         })
     }
 
@@ -346,6 +349,11 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 "step() called with no pending gradients: call backward() first".into(),
             ));
         }
+        // Steps decided on the device before this one are read first (their counts and the
+        // scale they left decide this step's).
+        if self.device_steps.is_some() {
+            self.settle_device_steps_now();
+        }
         if !self.sync_gradients() {
             self.last = StepOutcome::Accumulating;
             return Ok(model);
@@ -424,7 +432,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     }
 
     /// Clears the cycle and re-seeds the backend RNG for the next one, from (seed, cycle).
-    fn end_cycle(&mut self) {
+    pub(crate) fn end_cycle(&mut self) {
         self.synced = false;
         self.pending = None;
         self.unscaled = None;
@@ -440,7 +448,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
 
     /// A seed for the current accumulation cycle in `domain`.
     fn cycle_seed(&self, domain: u64) -> u64 {
-        let cycle = self.counters.optimizer_steps + self.counters.skipped_steps;
+        let cycle =
+            self.counters.optimizer_steps + self.counters.skipped_steps + self.unsettled_steps();
         derive_seed(self.config.seed, domain, cycle)
     }
 
@@ -449,9 +458,10 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         self.micro_in_cycle
     }
 
-    /// Progress counters.
+    /// Progress counters (with the steps [`step_on_device`](Self::step_on_device) decided:
+    /// a host read while some are not settled).
     pub fn counters(&self) -> Counters {
-        self.counters
+        self.counters_now()
     }
 
     /// FLOPs this rank's thread has run through `Autocast` (matmul, Linear, convolutions,
@@ -470,7 +480,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         afterburner_precision::host_reads_counted().wrapping_sub(self.host_reads_at_start)
     }
 
-    /// What the last [`step`](Self::step) did.
+    /// What the last [`step`](Self::step) did ([`StepOutcome::Deferred`] after
+    /// [`step_on_device`](Self::step_on_device)).
     pub fn last_step(&self) -> StepOutcome {
         self.last
     }

@@ -36,6 +36,7 @@
 mod accelerator;
 mod config;
 pub mod data;
+mod device_step;
 mod distributed;
 mod error;
 mod finite;
@@ -68,6 +69,7 @@ pub use afterburner_precision::{
 };
 pub use afterburner_throughput as throughput;
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};
+pub use device_step::SettledSteps;
 pub use error::AccelerateError;
 pub use group::Group;
 pub use parallelism::ParallelismConfig;

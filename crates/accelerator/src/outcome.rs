@@ -40,4 +40,8 @@ pub enum StepOutcome {
         /// The global gradient norm that was found (inf or NaN).
         grad_norm: f64,
     },
+    /// [`step_on_device`](crate::Accelerator::step_on_device) queued the step with its skip
+    /// decided on the device: what it did is read with
+    /// [`settle_device_steps`](crate::Accelerator::settle_device_steps).
+    Deferred,
 }

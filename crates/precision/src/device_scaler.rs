@@ -45,7 +45,9 @@ impl<B: Backend> DeviceScaler<B> {
             .clone()
             .greater_equal_elem(f64::from(self.config.growth_interval))
             .float();
-        let backoff = found_inf.clone().mul_scalar(self.config.backoff_factor - 1.0);
+        let backoff = found_inf
+            .clone()
+            .mul_scalar(self.config.backoff_factor - 1.0);
         let growth = grow.clone().mul_scalar(self.config.growth_factor - 1.0);
         // factor = backoff_factor on overflow, growth_factor on growth, else 1 (the two
         // cannot both hold: an overflow resets the count to 0).

@@ -29,6 +29,8 @@ enum Measure {
 struct GradWalk<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
     factor: Option<f64>,
+    /// A factor on the device (`[1]`), applied after `factor`.
+    device_factor: Option<Tensor<Inner<B>, 1>>,
     measure: Measure,
     squared_sum: Option<Tensor<Inner<B>, 1>>,
     seen: HashSet<ParamId>,
@@ -46,6 +48,10 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradWalk<'_, B> {
         self.count += 1;
         if let Some(factor) = self.factor {
             grad = grad.mul_scalar(factor);
+        }
+        if let Some(factor) = &self.device_factor {
+            let factor = factor.clone().cast(grad.dtype()).reshape([1; D]);
+            grad = grad.mul(factor);
         }
         let as_f32 = |g: &Tensor<Inner<B>, D>| match g.dtype() {
             DType::F32 => g.clone(),
@@ -72,23 +78,67 @@ fn walk<B: AutodiffBackend, M: AutodiffModule<B>>(
     factor: Option<f64>,
     measure: Measure,
 ) -> GradSummary {
+    let (sum, tensors) = walk_on_device::<B, M>(model, grads, factor, None, measure);
+    let squared_norm = sum.map(|s| s.into_scalar().elem::<f64>()).unwrap_or(0.0);
+    GradSummary {
+        squared_norm,
+        tensors,
+    }
+}
+
+/// The walk, its measure left on the device (`None` without one or without gradients), and
+/// the number of tensors it saw.
+fn walk_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    factor: Option<f64>,
+    device_factor: Option<Tensor<Inner<B>, 1>>,
+    measure: Measure,
+) -> (Option<Tensor<Inner<B>, 1>>, usize) {
     let mut walk = GradWalk::<B> {
         grads,
         factor,
+        device_factor,
         measure,
         squared_sum: None,
         seen: HashSet::new(),
         count: 0,
     };
     model.visit(&mut walk);
-    let squared_norm = walk
-        .squared_sum
-        .map(|s| s.into_scalar().elem::<f64>())
-        .unwrap_or(0.0);
-    GradSummary {
-        squared_norm,
-        tensors: walk.count,
-    }
+    (walk.squared_sum, walk.count)
+}
+
+/// Multiplies every gradient by `factor` (host, skipped when 1) and then by `device_factor`
+/// (a one-element tensor), and returns the sum of their squares (after scaling, in f32) on
+/// the device: inf or NaN when any entry is. Reads nothing on the host.
+pub fn scale_and_squared_norm_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    factor: f64,
+    device_factor: Option<Tensor<Inner<B>, 1>>,
+) -> Option<Tensor<Inner<B>, 1>> {
+    let factor = (factor != 1.0).then_some(factor);
+    walk_on_device::<B, M>(model, grads, factor, device_factor, Measure::SquaredNorm).0
+}
+
+/// The sum of every gradient's entries on the device (finite exactly when every gradient is,
+/// barring an f32 overflow of the sum): the non-finite guard's check without a host read.
+pub fn sum_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    factor: f64,
+) -> Option<Tensor<Inner<B>, 1>> {
+    let factor = (factor != 1.0).then_some(factor);
+    walk_on_device::<B, M>(model, grads, factor, None, Measure::Sum).0
+}
+
+/// Multiplies every gradient by a one-element device tensor (a clip factor, say).
+pub fn scale_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    factor: Tensor<Inner<B>, 1>,
+) {
+    walk_on_device::<B, M>(model, grads, None, Some(factor), Measure::Nothing);
 }
 
 /// What a gradient walk saw.

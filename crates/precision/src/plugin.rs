@@ -12,8 +12,8 @@ use burn::tensor::{DType, Tensor};
 
 use crate::grads::{self, GradSummary};
 use crate::{
-    AutocastMode, CastFloats, GradScaler, GradScalerConfig, GradScalerState, Precision,
-    PrecisionError, autocast_ops, autocast_view_except, cast_module, materialize_params,
+    AutocastMode, CastFloats, DeviceScaler, GradScaler, GradScalerConfig, GradScalerState,
+    Precision, PrecisionError, autocast_ops, autocast_view_except, cast_module, materialize_params,
     promotes_dtypes, shared_float_state,
 };
 
@@ -51,6 +51,9 @@ pub struct PrecisionPlugin<B: AutodiffBackend> {
     /// Whether the backend promotes mixed dtypes (`Autodiff<Autocast<B>>`).
     promotes: bool,
     scaler: Option<GradScaler>,
+    /// The scaler's state on the device while steps are decided there
+    /// ([`scale_on_device`](Self::scale_on_device)); the host scaler is then stale.
+    device_scaler: Option<DeviceScaler<B::InnerBackend>>,
     /// Float state shared between clones of the prepared models: the half view keeps it.
     shared_state: Mutex<Vec<ParamId>>,
     backend: PhantomData<fn() -> B>,
@@ -99,6 +102,7 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
             op_dtype: (precision.is_mixed() && per_op).then(|| precision.compute_dtype()),
             promotes,
             scaler,
+            device_scaler: None,
             shared_state: Mutex::new(Vec::new()),
             backend: PhantomData,
         })
@@ -211,9 +215,43 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
 
     /// Multiplies the loss by the loss scale (16-mixed; the loss as it is otherwise).
     pub fn scale_loss(&self, loss: Tensor<B, 1>) -> Tensor<B, 1> {
-        match &self.scaler {
-            Some(scaler) => scaler.scale_loss(loss),
-            None => loss,
+        match (&self.device_scaler, &self.scaler) {
+            (Some(on_device), _) => loss.mul(Tensor::from_inner(on_device.scale())),
+            (None, Some(scaler)) => scaler.scale_loss(loss),
+            (None, None) => loss,
+        }
+    }
+
+    /// Moves the loss scaler's state to the device (nothing without a scaler): from here the
+    /// scale is applied, unscaled and updated there ([`device_unscale`](Self::device_unscale),
+    /// [`update_on_device`](Self::update_on_device)) without a host read, until
+    /// [`settle_scaler`](Self::settle_scaler) brings it back.
+    pub fn scale_on_device(&mut self, device: &B::Device) {
+        if let (None, Some(scaler)) = (&self.device_scaler, &self.scaler) {
+            self.device_scaler = Some(DeviceScaler::from_host(scaler, device));
+        }
+    }
+
+    /// `1 / scale` on the device, the factor that unscales the gradients (`None` unless the
+    /// scaler's state is on the device).
+    pub fn device_unscale(&self) -> Option<Tensor<B::InnerBackend, 1>> {
+        self.device_scaler.as_ref().map(|s| s.scale().recip())
+    }
+
+    /// Ends a step decided on the device: `found_inf` is 1 for an overflow, 0 otherwise.
+    pub fn update_on_device(&mut self, found_inf: Tensor<B::InnerBackend, 1>) {
+        if let Some(scaler) = &mut self.device_scaler {
+            scaler.update(found_inf);
+        }
+    }
+
+    /// Brings the scaler's state back from the device (one host read; nothing when it is on
+    /// the host).
+    pub fn settle_scaler(&mut self) {
+        if let (Some(on_device), Some(scaler)) = (self.device_scaler.take(), &mut self.scaler) {
+            let state = on_device.read();
+            // A state read from the device is the scaler's own: finite and positive.
+            let _ = scaler.load_state(state);
         }
     }
 
@@ -259,19 +297,25 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
     /// Ends an optimizer step: after a skipped one (`found_inf`) the loss scale backs off,
     /// after enough applied ones it grows. Nothing without a scaler.
     pub fn update(&mut self, found_inf: bool) {
+        self.settle_scaler();
         if let Some(scaler) = &mut self.scaler {
             scaler.update(found_inf);
         }
     }
 
-    /// The current loss scale (`None` without a scaler).
+    /// The current loss scale (`None` without a scaler; a host read while its state is on
+    /// the device).
     pub fn loss_scale(&self) -> Option<f64> {
-        self.scaler.as_ref().map(GradScaler::scale)
+        self.scaler_state().map(|s| s.scale)
     }
 
-    /// The loss scaler's state, saved with a training checkpoint (`None` without a scaler).
+    /// The loss scaler's state, saved with a training checkpoint (`None` without a scaler; a
+    /// host read while it is on the device).
     pub fn scaler_state(&self) -> Option<GradScalerState> {
-        self.scaler.as_ref().map(GradScaler::state)
+        match &self.device_scaler {
+            Some(on_device) => Some(on_device.read()),
+            None => self.scaler.as_ref().map(GradScaler::state),
+        }
     }
 
     /// Checks a saved scaler state without applying it (a state saved without a scaler
@@ -292,6 +336,9 @@ impl<B: AutodiffBackend> PrecisionPlugin<B> {
     ) -> Result<(), PrecisionError> {
         if let (Some(scaler), Some(saved)) = (&mut self.scaler, saved) {
             scaler.load_state(saved)?;
+            if let Some(on_device) = &mut self.device_scaler {
+                *on_device = DeviceScaler::from_host(scaler, &on_device.scale().device());
+            }
         }
         Ok(())
     }

@@ -371,7 +371,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         let state = AcceleratorState {
             precision: self.config.precision,
             seed: self.config.seed,
-            counters: self.counters,
+            counters: self.counters_now(),
             scaler: self.precision.scaler_state(),
             data: *self
                 .progress
@@ -427,6 +427,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         self.precision.load_scaler_state(state.scaler)?;
         self.config.seed = state.seed;
         self.counters = state.counters;
+        self.device_steps = None;
         *self
             .progress
             .lock()
