@@ -35,6 +35,7 @@ mod checkpoints;
 mod choices;
 mod cli;
 mod curves;
+mod device_gate;
 mod evaluate;
 pub mod gated;
 mod heal;
@@ -123,6 +124,10 @@ pub struct Trainer<T: TrainerTypes> {
     saved_at: Option<u64>,
     /// The training losses since they were last read (at a log, a save, the end).
     unread: unread_losses::UnreadLosses<Inner<T::Backend>>,
+    /// The default AdamW's steps decided on the device (`None`: the host decides).
+    gate: Option<device_gate::TrainerGate<Inner<T::Backend>>>,
+    /// The global gradient norm of the last step, when one was computed and read.
+    last_grad_norm: Option<f64>,
     /// This rank's samples, tokens, FLOPs and time since the last training log.
     meter: ThroughputMeter,
     /// The device's peak FLOP/s for MFU, once looked up (`Some(None)`: unknown).
@@ -215,7 +220,8 @@ where
                 "\"no\" when the evaluation dataset is empty",
             ));
         }
-        let optim = optimizer_from_args::<B, M>(&args);
+        let gate_cell = gated::GateCell::default();
+        let optim = optim::gated_optimizer_from_args::<B, M>(&args, gate_cell.clone());
         // A fault-tolerant replica (Local SGD, DiLoCo over a quorum) is set up by `join` in
         // `train`, with the optimizer it trains with: a restarted one is healed then.
         let join_pending = acc.is_fault_tolerant();
@@ -271,6 +277,8 @@ where
             warmup,
             max_steps,
         );
+        let gate =
+            device_gate::TrainerGate::new(&args, &schedule, gate_cell, acc.can_step_on_device());
         let mut callbacks: Vec<Box<dyn TrainerCallback>> = Vec::new();
         if let Some(patience) = args.early_stopping_patience {
             callbacks.push(Box::new(EarlyStopping { patience }));
@@ -299,6 +307,8 @@ where
             log,
             saved_at: None,
             unread: Default::default(),
+            gate,
+            last_grad_norm: None,
             meter: ThroughputMeter::start(),
             peak_flops: None,
             join_pending,
@@ -338,6 +348,9 @@ impl<T: TrainerTypes> Trainer<T> {
             log: self.log,
             saved_at: self.saved_at,
             unread: self.unread,
+            // A user's optimizer decides on the host.
+            gate: None,
+            last_grad_norm: self.last_grad_norm,
             meter: self.meter,
             peak_flops: self.peak_flops,
             join_pending: self.join_pending,

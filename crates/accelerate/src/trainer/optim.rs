@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainingArguments;
 use super::choices::OptimizerType;
+use super::gated::{DeviceMoments, GateCell, GatedAdamW};
 use crate::precision::Precision;
 
 /// The Trainer's default optimizer: [`OptimizerAdaptor`] over [`ArgsOptimizer`], built from
@@ -30,6 +31,19 @@ where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
 {
+    gated_optimizer_from_args(args, GateCell::default())
+}
+
+/// [`optimizer_from_args`] whose AdamW reads the gate `gate` holds when one is set (the
+/// Trainer's step decided on the device, [`gated`](super::gated)).
+pub(super) fn gated_optimizer_from_args<B, M>(
+    args: &TrainingArguments,
+    gate: GateCell<B::InnerBackend>,
+) -> HfOptimizer<M, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
     let decay = args.weight_decay as f32;
     let epsilon = adam_epsilon(args);
     let optim = match args.optim {
@@ -40,6 +54,13 @@ where
                 .with_epsilon(epsilon)
                 .with_weight_decay(decay)
                 .build(),
+            GatedAdamW {
+                beta_1: args.adam_beta1 as f32,
+                beta_2: args.adam_beta2 as f32,
+                epsilon,
+                weight_decay: decay,
+                gate,
+            },
         ),
         // torch.optim.Adam's weight_decay is an L2 penalty added to the gradient, as Burn's.
         OptimizerType::Adam => ArgsOptimizer::Adam(
@@ -89,8 +110,9 @@ pub fn adam_epsilon(args: &TrainingArguments) -> f32 {
 /// One of Burn's element-wise optimizers, picked at run time.
 #[derive(Clone)]
 pub enum ArgsOptimizer<B: Backend> {
-    /// `optim = "adamw"` (HF's default, `adamw_torch`).
-    AdamW(AdamW),
+    /// `optim = "adamw"` (HF's default, `adamw_torch`): Burn's AdamW, and the same settings
+    /// for the step the Trainer gates on the device.
+    AdamW(AdamW, GatedAdamW<B>),
     /// `optim = "adam"`.
     Adam(Adam),
     /// `optim = "sgd"`.
@@ -103,6 +125,8 @@ pub enum ArgsOptimizer<B: Backend> {
 pub enum ArgsState<B: Backend, const D: usize> {
     /// Adam's or AdamW's first and second moments.
     Moments(AdamWState<B, D>),
+    /// AdamW's moments with the step count on the device (the gated step's).
+    DeviceMoments(DeviceMoments<B, D>),
     /// SGD's momentum buffer (none without momentum).
     Sgd(SgdState<B, D>),
 }
@@ -127,6 +151,8 @@ impl<B: Backend, const D: usize> Record<B> for ArgsState<B, D> {
     fn into_item<P: PrecisionSettings>(self) -> Self::Item<P> {
         match self {
             Self::Moments(state) => ArgsStateItem::Moments(state.into_item()),
+            // Saved as Burn's AdamW state (the step count read once, at the save).
+            Self::DeviceMoments(state) => ArgsStateItem::Moments(state.into_host().into_item()),
             Self::Sgd(state) => ArgsStateItem::Sgd(state.into_item()),
         }
     }
@@ -151,11 +177,18 @@ impl<B: Backend> SimpleOptimizer<B> for ArgsOptimizer<B> {
     ) -> (Tensor<B, D>, Option<Self::State<D>>) {
         // A state of the other kind (a checkpoint of another optimizer) starts afresh.
         match self {
-            Self::AdamW(optim) => {
-                let state = state.and_then(ArgsState::into_moments);
-                let (tensor, state) = optim.step(lr, tensor, grad, state);
-                (tensor, state.map(ArgsState::Moments))
-            }
+            Self::AdamW(optim, gated) => match gated.current() {
+                Some(gate) => {
+                    let state = state.and_then(ArgsState::into_device_moments);
+                    let (tensor, state) = gated.step(&gate, tensor, grad, state);
+                    (tensor, Some(ArgsState::DeviceMoments(state)))
+                }
+                None => {
+                    let state = state.and_then(ArgsState::into_moments);
+                    let (tensor, state) = optim.step(lr, tensor, grad, state);
+                    (tensor, state.map(ArgsState::Moments))
+                }
+            },
             Self::Adam(optim) => {
                 let state = state
                     .and_then(ArgsState::into_moments)
@@ -182,16 +215,31 @@ impl<B: Backend> SimpleOptimizer<B> for ArgsOptimizer<B> {
             ArgsState::Moments(state) => {
                 ArgsState::Moments(<AdamW as SimpleOptimizer<B>>::to_device(state, device))
             }
+            ArgsState::DeviceMoments(state) => ArgsState::DeviceMoments(DeviceMoments {
+                time: state.time.to_device(device),
+                moment_1: state.moment_1.to_device(device),
+                moment_2: state.moment_2.to_device(device),
+            }),
             ArgsState::Sgd(state) => ArgsState::Sgd(Sgd::<B>::to_device(state, device)),
         }
     }
 }
 
 impl<B: Backend, const D: usize> ArgsState<B, D> {
-    /// The moments, for Adam and AdamW.
+    /// The moments, for Adam and AdamW (a gated state's step count read on the host).
     fn into_moments(self) -> Option<AdamWState<B, D>> {
         match self {
             Self::Moments(state) => Some(state),
+            Self::DeviceMoments(state) => Some(state.into_host()),
+            Self::Sgd(_) => None,
+        }
+    }
+
+    /// The moments with the step count on the device, for the gated AdamW step.
+    fn into_device_moments(self) -> Option<DeviceMoments<B, D>> {
+        match self {
+            Self::Moments(state) => Some(DeviceMoments::from_host(state)),
+            Self::DeviceMoments(state) => Some(state),
             Self::Sgd(_) => None,
         }
     }

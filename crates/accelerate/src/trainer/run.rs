@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::parallel::ParallelStrategy;
+use burn::lr_scheduler::LrScheduler;
 use burn::tensor::{Tensor, TensorData};
 
 use super::TrainerTypes;
@@ -17,7 +18,7 @@ use super::{
     TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
-use crate::{AccelerateError, StepOutcome};
+use crate::{AccelerateError, SettledSteps, StepOutcome};
 
 /// Where in the loop an event happens.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,10 @@ impl<T: TrainerTypes> Trainer<T> {
         }
         self.log
             .start(&self.state.log_history, self.state.global_step)?;
+        if let Some(gate) = &mut self.gate {
+            let done = self.acc.counters().optimizer_steps;
+            gate.start(self.state.max_steps as usize, done, self.acc.device());
+        }
         self.meter.restart();
         let batches = self.train.num_batches();
         let (start_epoch, start_batch) = self.acc.data_position();
@@ -99,12 +104,27 @@ impl<T: TrainerTypes> Trainer<T> {
                 if per_item && self.acc.sync_gradients() {
                     self.normalise_per_item(&model, std::mem::take(&mut cycle_items))?;
                 }
-                let model = self.acc.step(model, &mut self.optim, &mut self.schedule)?;
+                let model = match self.gate.as_mut() {
+                    // The skip, the clip and the loss scale decided on the device (no read).
+                    Some(gate) => {
+                        let mut open = |skip| gate.open(skip);
+                        let stepped =
+                            self.acc
+                                .step_on_device(model, &mut self.optim, 0.0, &mut open);
+                        gate.close();
+                        stepped?
+                    }
+                    None => self.acc.step(model, &mut self.optim, &mut self.schedule)?,
+                };
                 self.model = Some(model);
                 match self.acc.last_step() {
                     StepOutcome::Accumulating => continue,
-                    StepOutcome::Stepped { lr, .. } => self.last_lr = Some(lr),
-                    _ => {}
+                    StepOutcome::Stepped { lr, grad_norm } => {
+                        self.last_lr = Some(lr);
+                        self.last_grad_norm = grad_norm;
+                    }
+                    StepOutcome::Deferred => {}
+                    _ => self.last_grad_norm = None,
                 }
                 stepped = true;
                 self.state.global_step += 1;
@@ -291,11 +311,7 @@ impl<T: TrainerTypes> Trainer<T> {
         if let Some(lr) = self.last_lr {
             values.insert("learning_rate", lr);
         }
-        if let StepOutcome::Stepped {
-            grad_norm: Some(norm),
-            ..
-        } = self.acc.last_step()
-        {
+        if let Some(norm) = self.last_grad_norm.filter(|n| n.is_finite()) {
             values.insert("grad_norm", norm);
         }
         self.add_throughput(&mut values)?;
@@ -358,9 +374,38 @@ impl<T: TrainerTypes> Trainer<T> {
     /// Adds the losses left on the device since the last read to the state's sums, in the
     /// order they came (one host read; none when there are none).
     fn read_losses(&mut self) -> Result<(), AccelerateError> {
-        for value in self.unread.read()? {
+        // What the steps decided on the device did, read in the same host read.
+        let (losses, steps) = self.unread.read(self.acc.device_step_values())?;
+        for value in losses {
             self.state.loss_since_log += value;
             self.state.loss_total += value;
+        }
+        if let Some(values) = steps {
+            let settled = self.acc.settle_device_steps(&values);
+            self.after_device_steps(settled)?;
+        }
+        Ok(())
+    }
+
+    /// Brings the host's view up to the steps decided on the device: the LR schedule's
+    /// position (it advances on applied steps only), the last rate and norm for the logs; a
+    /// skipped step checks the parameters, as `step` does (a poisoned model ends the run).
+    fn after_device_steps(&mut self, settled: SettledSteps) -> Result<(), AccelerateError> {
+        for _ in 0..settled.applied {
+            self.schedule.step();
+        }
+        let applied = self.acc.counters().optimizer_steps;
+        if let (Some(gate), true) = (&self.gate, settled.applied > 0) {
+            self.last_lr = Some(gate.lr_of(applied - 1));
+        }
+        self.last_grad_norm = settled.grad_norm;
+        if settled.skipped > 0 {
+            tracing::warn!(
+                skipped = settled.skipped,
+                "non-finite gradients: steps skipped on the device"
+            );
+            let model = self.model.as_ref().ok_or_else(lost_model)?;
+            self.acc.check_parameters_finite(model)?;
         }
         Ok(())
     }

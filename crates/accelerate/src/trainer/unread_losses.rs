@@ -4,7 +4,7 @@
 //! save or the end of training, as HF's Trainer keeps `tr_loss` on the device.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::AccelerateError;
 
@@ -26,23 +26,34 @@ impl<B: Backend> UnreadLosses<B> {
         self.losses.push((loss, divisor));
     }
 
-    /// The kept values in order, read in one host read (none when nothing is kept), and
-    /// forgets them. Each is the f64 of its loss divided by its divisor, as a read of that
-    /// loss alone would give.
-    pub(super) fn read(&mut self) -> Result<Vec<f64>, AccelerateError> {
-        if self.losses.is_empty() {
-            return Ok(Vec::new());
+    /// The kept values in order and `extra`'s values (other values to read at the same
+    /// time), in one host read (none when there is nothing to read), and forgets them. Each
+    /// loss is the f64 of its value divided by its divisor, as a read of that loss alone
+    /// would give.
+    pub(super) fn read(
+        &mut self,
+        extra: Option<Tensor<B, 1>>,
+    ) -> Result<(Vec<f64>, Option<Vec<f64>>), AccelerateError> {
+        if self.losses.is_empty() && extra.is_none() {
+            return Ok((Vec::new(), None));
         }
-        let (tensors, divisors): (Vec<_>, Vec<_>) = std::mem::take(&mut self.losses)
+        // One dtype for the one read: `extra`'s (f64 where the device has it) or f32; a
+        // loss widened so reads as it would alone.
+        let dtype = extra.as_ref().map_or(DType::F32, Tensor::dtype);
+        let (mut tensors, divisors): (Vec<_>, Vec<_>) = std::mem::take(&mut self.losses)
             .into_iter()
-            .map(|(loss, divisor)| (loss.reshape([1]), divisor))
+            .map(|(loss, divisor)| (loss.reshape([1]).cast(dtype), divisor))
             .unzip();
-        let values = read_f64(Tensor::cat(tensors, 0))?;
-        Ok(values
+        let extra_len = extra.as_ref().map(|e| e.dims()[0]);
+        tensors.extend(extra);
+        let mut values = read_f64(Tensor::cat(tensors, 0))?;
+        let extra = extra_len.map(|len| values.split_off(values.len() - len));
+        let losses = values
             .into_iter()
             .zip(divisors)
             .map(|(value, divisor)| value / divisor)
-            .collect())
+            .collect();
+        Ok((losses, extra))
     }
 }
 
