@@ -473,13 +473,6 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         afterburner_precision::flops_counted().wrapping_sub(self.flops_at_start)
     }
 
-    /// Device-to-host reads this rank's thread has made through `Autocast` since the
-    /// Accelerator was built (see [`count_host_reads`](afterburner_precision::count_host_reads)):
-    /// each one drains a GPU's queue. 0 on a backend without `Autocast`.
-    pub fn host_reads(&self) -> u64 {
-        afterburner_precision::host_reads_counted().wrapping_sub(self.host_reads_at_start)
-    }
-
     /// What the last [`step`](Self::step) did ([`StepOutcome::Deferred`] after
     /// [`step_on_device`](Self::step_on_device)).
     pub fn last_step(&self) -> StepOutcome {

@@ -45,6 +45,13 @@ pub struct SettledSteps {
 }
 
 impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
+    /// Device-to-host reads this rank's thread has made through `Autocast` since the
+    /// Accelerator was built (see [`count_host_reads`](afterburner_precision::count_host_reads)):
+    /// each one drains a GPU's queue. 0 on a backend without `Autocast`.
+    pub fn host_reads(&self) -> u64 {
+        afterburner_precision::host_reads_counted().wrapping_sub(self.host_reads_at_start)
+    }
+
     /// Whether [`step_on_device`](Self::step_on_device) can decide this run's steps: one
     /// device (a collective's agreement would read), and a `nonfinite_gradients` policy other
     /// than `"error"` (an error is raised on the host).

@@ -42,6 +42,7 @@ mod heal;
 mod metrics;
 mod optim;
 mod output;
+mod reads;
 mod run;
 mod schedule;
 mod state;

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use crate::parallel::ParallelStrategy;
-use burn::lr_scheduler::LrScheduler;
 use burn::tensor::{Tensor, TensorData};
 
 use super::TrainerTypes;
@@ -18,7 +17,7 @@ use super::{
     TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
-use crate::{AccelerateError, SettledSteps, StepOutcome};
+use crate::{AccelerateError, StepOutcome};
 
 /// Where in the loop an event happens.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -369,45 +368,6 @@ impl<T: TrainerTypes> Trainer<T> {
             callback.on_save(&self.state, &dir);
         }
         Ok(dir)
-    }
-
-    /// Adds the losses left on the device since the last read to the state's sums, in the
-    /// order they came (one host read; none when there are none).
-    fn read_losses(&mut self) -> Result<(), AccelerateError> {
-        // What the steps decided on the device did, read in the same host read.
-        let (losses, steps) = self.unread.read(self.acc.device_step_values())?;
-        for value in losses {
-            self.state.loss_since_log += value;
-            self.state.loss_total += value;
-        }
-        if let Some(values) = steps {
-            let settled = self.acc.settle_device_steps(&values);
-            self.after_device_steps(settled)?;
-        }
-        Ok(())
-    }
-
-    /// Brings the host's view up to the steps decided on the device: the LR schedule's
-    /// position (it advances on applied steps only), the last rate and norm for the logs; a
-    /// skipped step checks the parameters, as `step` does (a poisoned model ends the run).
-    fn after_device_steps(&mut self, settled: SettledSteps) -> Result<(), AccelerateError> {
-        for _ in 0..settled.applied {
-            self.schedule.step();
-        }
-        let applied = self.acc.counters().optimizer_steps;
-        if let (Some(gate), true) = (&self.gate, settled.applied > 0) {
-            self.last_lr = Some(gate.lr_of(applied - 1));
-        }
-        self.last_grad_norm = settled.grad_norm;
-        if settled.skipped > 0 {
-            tracing::warn!(
-                skipped = settled.skipped,
-                "non-finite gradients: steps skipped on the device"
-            );
-            let model = self.model.as_ref().ok_or_else(lost_model)?;
-            self.acc.check_parameters_finite(model)?;
-        }
-        Ok(())
     }
 
     /// Warns (main process) when a fresh run trains into an `output_dir` that holds
