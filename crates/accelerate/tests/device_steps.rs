@@ -14,10 +14,8 @@ use afterburner::{Accelerator, Autocast};
 use afterburner_demos::digits;
 use afterburner_demos::models::Vit;
 use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
-use common::{BATCHER, rng_lock, tiny_vit};
+use common::{BATCHER, flat_params, rng_lock, tiny_vit};
 
 type B = Autodiff<Autocast<Flex>>;
 
@@ -170,18 +168,4 @@ fn with_clipping_too_where_the_device_computes_in_f64() {
             "{precision}: parameters bitwise"
         );
     }
-}
-
-/// Every float parameter's values, in visit order.
-fn flat_params(model: &Vit<B>) -> Vec<f32> {
-    struct Collect(Vec<f32>);
-    impl ModuleVisitor<B> for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let data = param.val().cast(DType::F32).into_data();
-            self.0.extend(data.to_vec::<f32>().unwrap());
-        }
-    }
-    let mut all = Collect(Vec::new());
-    model.visit(&mut all);
-    all.0
 }

@@ -7,8 +7,11 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
+use afterburner::trainer::{
+    DeviceAdamW, DeviceAdamWConfig, HfSchedule, IntervalStrategy, LogEntry, SchedulerType, Trainer,
+    TrainerCallback, TrainerState,
+};
 use afterburner::trainer::{Flow, TrainingArguments};
-use afterburner::trainer::{IntervalStrategy, LogEntry, Trainer, TrainerCallback, TrainerState};
 use afterburner::{Accelerator, AcceleratorConfig, Autocast, NonFinitePolicy, host_reads_counted};
 use afterburner_demos::{ImageBatch, digits};
 use burn::backend::{Autodiff, Flex};
@@ -155,4 +158,70 @@ fn a_hand_written_loop_reads_nothing_per_step_without_the_guard() {
     assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
     let reads = hand_loop_reads("bf16-mixed", NonFinitePolicy::Skip, Some(1.0));
     assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
+}
+
+/// Host reads of each of 6 steps of a hand-written loop stepping `DeviceAdamW`, and its
+/// parameters; with `burn_adamw`, the same loop with Burn's AdamW through `step` instead.
+fn device_adamw_loop(
+    precision: &str,
+    max_grad_norm: Option<f64>,
+    burn_adamw: bool,
+) -> (Vec<u64>, Vec<f32>) {
+    let _rng = rng_lock();
+    let device = Default::default();
+    let config = AcceleratorConfig {
+        precision: precision.parse().unwrap(),
+        max_grad_norm,
+        seed: 7,
+        ..Default::default()
+    };
+    let mut acc = Accelerator::<B>::new(config, device).unwrap();
+    let mut model = acc.setup_model(tiny_vit().init::<B>(&device)).unwrap();
+    let schedule = || HfSchedule::new(SchedulerType::Linear, 1e-3, 2, 6);
+    let settings = DeviceAdamWConfig::default();
+    let mut on_device = DeviceAdamW::new(settings, schedule());
+    let mut burns = AdamWConfig::new().init();
+    let mut host_schedule = schedule();
+    let items = digits::load().unwrap().items()[..24].to_vec();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut reads = Vec::new();
+    for chunk in items.chunks(4) {
+        let batch: ImageBatch<B> = BATCHER.batch(chunk.to_vec(), &device);
+        let before = acc.host_reads();
+        let logits = acc
+            .forward(&model, batch.images, |m, x| m.forward(x))
+            .unwrap();
+        let loss = loss_fn.forward(logits, batch.labels);
+        acc.backward(loss, &model).unwrap();
+        model = match burn_adamw {
+            false => on_device.step(&mut acc, model).unwrap(),
+            true => acc.step(model, &mut burns, &mut host_schedule).unwrap(),
+        };
+        reads.push(acc.host_reads() - before);
+    }
+    let settled = on_device.settle(&mut acc);
+    if !burn_adamw {
+        assert_eq!((settled.applied, settled.skipped), (6, 0));
+    }
+    assert_eq!(acc.counters().optimizer_steps, 6);
+    (reads, common::flat_params(&model))
+}
+
+#[test]
+fn a_hand_written_loop_with_device_adamw_reads_nothing_and_equals_burns_adamw() {
+    for precision in ["32-true", "bf16-mixed", "16-mixed"] {
+        for clip in [None, Some(1.0)] {
+            let (reads, params) = device_adamw_loop(precision, clip, false);
+            assert_eq!(
+                reads,
+                vec![0; 6],
+                "{precision}, clip {clip:?}: no host read"
+            );
+            let (_, burns) = device_adamw_loop(precision, clip, true);
+            assert_eq!(
+                params, burns,
+                "{precision}, clip {clip:?}: Burn's AdamW bitwise"
+            );
+        }
+    }
 }

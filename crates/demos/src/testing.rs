@@ -70,6 +70,20 @@ pub fn params<M: Module<B>>(model: &M) -> Vec<(ParamId, DType, Vec<f32>)> {
     c.0
 }
 
+/// Every float parameter's values in f32, flattened in visit order, on any backend.
+pub fn flat_params<Bk: burn::tensor::backend::Backend, M: Module<Bk>>(model: &M) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl<Bk: burn::tensor::backend::Backend> ModuleVisitor<Bk> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
+            let values = param.val().cast(DType::F32).into_data();
+            self.0.extend(values.to_vec::<f32>().unwrap());
+        }
+    }
+    let mut all = Collect(Vec::new());
+    model.visit(&mut all);
+    all.0
+}
+
 /// Gradient of every parameter of `model` (visit order), in f32; zeros where none.
 pub fn grads_of<M: Module<B>>(model: &M, grads: &GradientsParams) -> Vec<Vec<f32>> {
     struct Collect<'a>(&'a GradientsParams, Vec<Vec<f32>>);

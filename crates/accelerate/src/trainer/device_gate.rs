@@ -43,15 +43,27 @@ impl<B: Backend> TrainerGate<B> {
     ) -> Option<Self> {
         let f32_params = args.effective_precision().param_dtype() == burn::tensor::DType::F32;
         let adamw = args.optim == OptimizerType::AdamW;
-        (accelerator_can && f32_params && adamw).then(|| Self {
+        let betas = (args.adam_beta1 as f32, args.adam_beta2 as f32);
+        (accelerator_can && f32_params && adamw)
+            .then(|| Self::with(schedule, cell, betas, args.weight_decay as f32))
+    }
+
+    /// The gate of an AdamW with `betas` and `weight_decay` at the rates of `schedule`.
+    pub(super) fn with(
+        schedule: &HfSchedule,
+        cell: GateCell<B>,
+        betas: (f32, f32),
+        weight_decay: f32,
+    ) -> Self {
+        Self {
             cell,
             schedule: schedule.clone(),
             // As Burn's AdamW: its f32 weight decay, widened.
-            weight_decay: f64::from(args.weight_decay as f32),
-            betas: (args.adam_beta1 as f32, args.adam_beta2 as f32),
+            weight_decay: f64::from(weight_decay),
+            betas,
             tables: None,
             applied: None,
-        })
+        }
     }
 
     /// Builds the tables for a run of `max_steps` optimizer steps, `done` of them applied

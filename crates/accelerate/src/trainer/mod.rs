@@ -35,6 +35,7 @@ mod checkpoints;
 mod choices;
 mod cli;
 mod curves;
+mod device_adamw;
 mod device_gate;
 mod evaluate;
 pub mod gated;
@@ -72,6 +73,7 @@ pub use checkpoints::{
 pub use choices::{
     IntervalStrategy, LossNormalization, OptimizerType, ReportTo, SchedulerType, UnknownValue,
 };
+pub use device_adamw::{DeviceAdamW, DeviceAdamWConfig};
 pub use metrics::{EvalMetric, MetricSet};
 pub use optim::{
     ArgsOptimizer, ArgsState, ArgsStateItem, F16_MIN_EPSILON, HfOptimizer, adam_epsilon,

@@ -58,6 +58,11 @@ impl HfSchedule {
         self.learning_rate * self.factor(step)
     }
 
+    /// The optimizer steps it spans.
+    pub fn total_steps(&self) -> usize {
+        self.total_steps
+    }
+
     /// Optimizer steps taken so far.
     pub fn steps_taken(&self) -> usize {
         self.step
