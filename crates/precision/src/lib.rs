@@ -52,7 +52,9 @@ pub use autocast::{
     CastFloats, autocast_view, autocast_view_except, cast_module, materialize_params,
     shared_float_state,
 };
-pub use backend::{Autocast, autocast_dtype, autocast_ops, promotes_dtypes, record_autocast_nodes};
+pub use backend::{
+    Autocast, autocast_dtype, autocast_ops, emulate_tf32, promotes_dtypes, record_autocast_nodes,
+};
 pub use device_scaler::DeviceScaler;
 pub use error::PrecisionError;
 pub use flops::{count_flops, flops_counted, set_flop_counting};

@@ -22,7 +22,7 @@ use burn::tensor::ops::GridSampleOptions;
 use burn::tensor::ops::IntTensor;
 use core::future::Future;
 
-use super::{Autocast, forward, in_f32, promote, promoted, scope};
+use super::{Autocast, forward, in_f32, promote, promoted, scope, tf32};
 use crate::flops;
 
 impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
@@ -212,7 +212,7 @@ impl<B: Backend> FloatTensorOps<Self> for Autocast<B> {
         flops::add(flops::matmul(&lhs.shape(), &rhs.shape()));
         let (lhs, rhs) = (scope::to_half::<B>(lhs), scope::to_half::<B>(rhs));
         let (lhs, rhs) = promote::pair::<B>(lhs, rhs);
-        B::float_matmul(lhs, rhs)
+        B::float_matmul(tf32::round::<B>(lhs), tf32::round::<B>(rhs))
     }
 
     /// In f32 inside a scope (PyTorch's autocast runs grid sampling in f32); the grid meets the

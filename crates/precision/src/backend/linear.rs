@@ -14,7 +14,7 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::scope;
+use super::{scope, tf32};
 
 /// `[d0, ..., dk, last]` as `[d0 * ... * dk, last]`, with the leading dims to restore later;
 /// `None` for a tensor that is already 2-D or less.
@@ -48,6 +48,7 @@ pub(crate) fn forward<B: Backend>(
     bias: Option<FloatTensor<B>>,
 ) -> FloatTensor<B> {
     let (x, weight, bias) = scope::half_operands::<B>(x, weight, bias);
+    let (x, weight) = (tf32::round::<B>(x), tf32::round::<B>(weight));
     let (x, leading) = flatten::<B>(x);
     unflatten::<B>(B::linear(x, weight, bias), leading)
 }
@@ -59,6 +60,7 @@ pub(crate) fn x_backward<B: Backend>(
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
     scope::half_backward::<B, 2>([weight, output_grad], |[weight, output_grad]| {
+        let (weight, output_grad) = (tf32::round::<B>(weight), tf32::round::<B>(output_grad));
         let (output_grad, leading) = flatten::<B>(output_grad);
         unflatten::<B>(B::linear_x_backward(weight, output_grad), leading)
     })
@@ -71,6 +73,7 @@ pub(crate) fn weight_backward<B: Backend>(
     output_grad: FloatTensor<B>,
 ) -> FloatTensor<B> {
     scope::half_backward::<B, 2>([x, output_grad], |[x, output_grad]| {
+        let (x, output_grad) = (tf32::round::<B>(x), tf32::round::<B>(output_grad));
         let (x, _) = flatten::<B>(x);
         let (output_grad, _) = flatten::<B>(output_grad);
         B::linear_weight_backward(x, output_grad)

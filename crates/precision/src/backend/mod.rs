@@ -36,6 +36,7 @@ use core::marker::PhantomData;
 
 pub use nodes::record_autocast_nodes;
 pub use scope::{autocast_dtype, autocast_ops};
+pub use tf32::emulate_tf32;
 
 use burn::tensor::DType;
 use burn::tensor::TensorData;
@@ -54,6 +55,7 @@ mod promote;
 mod quantized;
 mod scope;
 mod softmax_node;
+mod tf32;
 mod transaction;
 
 /// Implements each listed method of an op trait by calling the inner backend's method of the
