@@ -111,66 +111,29 @@ fn the_trainer_reads_its_training_values_once_per_log() {
     }
 }
 
-/// Host reads of each of 6 steps of a hand-written Accelerator loop on the tiny ViT.
-fn hand_loop_reads(
-    precision: &str,
-    guard: NonFinitePolicy,
-    max_grad_norm: Option<f64>,
-) -> Vec<u64> {
-    let _rng = rng_lock();
-    let device = Default::default();
-    let config = AcceleratorConfig {
-        precision: precision.parse().unwrap(),
-        nonfinite_gradients: guard,
-        max_grad_norm,
-        seed: 7,
-        ..Default::default()
-    };
-    let mut acc = Accelerator::<B>::new(config, device).unwrap();
-    let model = tiny_vit().init::<B>(&device);
-    let (mut model, mut optim) = acc.setup(model, AdamWConfig::new().init()).unwrap();
-    let items = digits::load().unwrap().items()[..24].to_vec();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut reads = Vec::new();
-    for chunk in items.chunks(4) {
-        let batch: ImageBatch<B> = BATCHER.batch(chunk.to_vec(), &device);
-        let before = acc.host_reads();
-        let logits = acc
-            .forward(&model, batch.images, |m, x| m.forward(x))
-            .unwrap();
-        let loss = loss_fn.forward(logits, batch.labels);
-        acc.backward(loss, &model).unwrap();
-        model = acc.step(model, &mut optim, &mut 1e-3).unwrap();
-        reads.push(acc.host_reads() - before);
-    }
-    assert_eq!(acc.counters().optimizer_steps, 6);
-    reads
+/// How a hand-written loop steps: Burn's AdamW through `step` under a non-finite policy, or
+/// `DeviceAdamW` (the default policy, decided on the device).
+#[derive(Clone, Copy)]
+enum Stepper {
+    Burn(NonFinitePolicy),
+    Device,
 }
 
-#[test]
-fn a_hand_written_loop_reads_nothing_per_step_without_the_guard() {
-    for precision in ["32-true", "bf16-mixed", "bf16-true"] {
-        let reads = hand_loop_reads(precision, NonFinitePolicy::Apply, None);
-        assert_eq!(reads, vec![0; 6], "{precision}: nothing read on the host");
-    }
-    // The guard's decision and the clipping norm are the reads left: one a step.
-    let reads = hand_loop_reads("32-true", NonFinitePolicy::Skip, None);
-    assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
-    let reads = hand_loop_reads("bf16-mixed", NonFinitePolicy::Skip, Some(1.0));
-    assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
-}
-
-/// Host reads of each of 6 steps of a hand-written loop stepping `DeviceAdamW`, and its
-/// parameters; with `burn_adamw`, the same loop with Burn's AdamW through `step` instead.
-fn device_adamw_loop(
+/// Host reads of each of 6 steps of a hand-written Accelerator loop on the tiny ViT (AdamW at
+/// the same linear schedule either way), and its parameters after them.
+fn hand_loop(
     precision: &str,
     max_grad_norm: Option<f64>,
-    burn_adamw: bool,
+    stepper: Stepper,
 ) -> (Vec<u64>, Vec<f32>) {
     let _rng = rng_lock();
     let device = Default::default();
     let config = AcceleratorConfig {
         precision: precision.parse().unwrap(),
+        nonfinite_gradients: match stepper {
+            Stepper::Burn(guard) => guard,
+            Stepper::Device => NonFinitePolicy::Skip,
+        },
         max_grad_norm,
         seed: 7,
         ..Default::default()
@@ -178,8 +141,7 @@ fn device_adamw_loop(
     let mut acc = Accelerator::<B>::new(config, device).unwrap();
     let mut model = acc.setup_model(tiny_vit().init::<B>(&device)).unwrap();
     let schedule = || HfSchedule::new(SchedulerType::Linear, 1e-3, 2, 6);
-    let settings = DeviceAdamWConfig::default();
-    let mut on_device = DeviceAdamW::new(settings, schedule());
+    let mut on_device = DeviceAdamW::new(DeviceAdamWConfig::default(), schedule());
     let mut burns = AdamWConfig::new().init();
     let mut host_schedule = schedule();
     let items = digits::load().unwrap().items()[..24].to_vec();
@@ -193,14 +155,14 @@ fn device_adamw_loop(
             .unwrap();
         let loss = loss_fn.forward(logits, batch.labels);
         acc.backward(loss, &model).unwrap();
-        model = match burn_adamw {
-            false => on_device.step(&mut acc, model).unwrap(),
-            true => acc.step(model, &mut burns, &mut host_schedule).unwrap(),
+        model = match stepper {
+            Stepper::Device => on_device.step(&mut acc, model).unwrap(),
+            Stepper::Burn(_) => acc.step(model, &mut burns, &mut host_schedule).unwrap(),
         };
         reads.push(acc.host_reads() - before);
     }
-    let settled = on_device.settle(&mut acc);
-    if !burn_adamw {
+    if let Stepper::Device = stepper {
+        let settled = on_device.settle(&mut acc);
         assert_eq!((settled.applied, settled.skipped), (6, 0));
     }
     assert_eq!(acc.counters().optimizer_steps, 6);
@@ -208,16 +170,33 @@ fn device_adamw_loop(
 }
 
 #[test]
+fn a_hand_written_loop_reads_nothing_per_step_without_the_guard() {
+    for precision in ["32-true", "bf16-mixed", "bf16-true"] {
+        let (reads, _) = hand_loop(precision, None, Stepper::Burn(NonFinitePolicy::Apply));
+        assert_eq!(reads, vec![0; 6], "{precision}: nothing read on the host");
+    }
+    // The guard's decision and the clipping norm are the reads left: one a step.
+    let (reads, _) = hand_loop("32-true", None, Stepper::Burn(NonFinitePolicy::Skip));
+    assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
+    let (reads, _) = hand_loop(
+        "bf16-mixed",
+        Some(1.0),
+        Stepper::Burn(NonFinitePolicy::Skip),
+    );
+    assert_eq!(reads, vec![GUARD_READS_PER_STEP; 6]);
+}
+
+#[test]
 fn a_hand_written_loop_with_device_adamw_reads_nothing_and_equals_burns_adamw() {
     for precision in ["32-true", "bf16-mixed", "16-mixed"] {
         for clip in [None, Some(1.0)] {
-            let (reads, params) = device_adamw_loop(precision, clip, false);
+            let (reads, params) = hand_loop(precision, clip, Stepper::Device);
             assert_eq!(
                 reads,
                 vec![0; 6],
                 "{precision}, clip {clip:?}: no host read"
             );
-            let (_, burns) = device_adamw_loop(precision, clip, true);
+            let (_, burns) = hand_loop(precision, clip, Stepper::Burn(NonFinitePolicy::Skip));
             assert_eq!(
                 params, burns,
                 "{precision}, clip {clip:?}: Burn's AdamW bitwise"

@@ -127,11 +127,10 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 None
             }
         };
-        // 1 where the measure is inf or NaN (x - x is NaN exactly then), else 0.
-        let found = measured.as_ref().map(|m| {
-            let difference = m.clone() - m.clone();
-            difference.not_equal_elem(0.0).float()
-        });
+        // True where the measure is inf or NaN (x - x is NaN exactly then).
+        let nonfinite = measured
+            .as_ref()
+            .map(|m| (m.clone() - m.clone()).not_equal_elem(0.0));
         // The norm and the clip factor in f64 where the device has it, as `step` computes
         // them on the host (so both give the same bits), else in f32 as PyTorch does.
         let wide = match self.supports_f64() {
@@ -151,33 +150,27 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             let clip = max.div(norm.clone().add_scalar(1e-6)).clamp_max(1.0);
             grads::scale_on_device::<B, M>(&model, &mut grads, clip.cast(DType::F32));
         }
-        let skips = guarded || scaled;
-        let skip = match (&found, skips) {
-            (Some(found), true) => found.clone().greater_elem(0.5),
+        let skip = match (&nonfinite, guarded || scaled) {
+            (Some(nonfinite), true) => nonfinite.clone(),
             _ => Tensor::<Inner<B>, 1, Bool>::from_data(
                 TensorData::new(vec![false], [1]),
-                &self.device_inner(),
+                &self.device,
             ),
         };
         self.strategy.before_optimizer_step(&model, &mut grads);
         gate(skip.clone());
         let model = optimizer.step(lr, model, grads);
-        if let Some(found) = &found {
-            self.precision.update_on_device(found.clone());
+        if let Some(nonfinite) = nonfinite {
+            self.precision.update_on_device(nonfinite.float());
         }
-        let skipped_now = skip.float();
-        let steps = self.device_steps.take();
-        self.device_steps = Some(match steps {
-            Some(steps) => DeviceSteps {
-                attempted: steps.attempted + 1,
-                skipped: steps.skipped + skipped_now,
-                grad_norm: norm,
-            },
-            None => DeviceSteps {
-                attempted: 1,
-                skipped: skipped_now,
-                grad_norm: norm,
-            },
+        let (attempted, skipped) = match self.device_steps.take() {
+            Some(steps) => (steps.attempted + 1, steps.skipped + skip.float()),
+            None => (1, skip.float()),
+        };
+        self.device_steps = Some(DeviceSteps {
+            attempted,
+            skipped,
+            grad_norm: norm,
         });
         self.last = StepOutcome::Deferred;
         self.end_cycle();
@@ -190,7 +183,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     pub fn device_step_values(&self) -> Option<Tensor<Inner<B>, 1>> {
         let steps = self.device_steps.as_ref()?;
         let norm = steps.grad_norm.clone().unwrap_or_else(|| {
-            Tensor::from_data(TensorData::new(vec![f32::NAN], [1]), &self.device_inner())
+            Tensor::from_data(TensorData::new(vec![f32::NAN], [1]), &self.device)
         });
         // In the norm's dtype (f64 where the device has it: the logged norm is then the
         // host path's to the bit; the count is exact in either).
@@ -245,10 +238,6 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Steps decided on the device and not settled yet (they count as cycles for the seeds).
     pub(crate) fn unsettled_steps(&self) -> u64 {
         self.device_steps.as_ref().map_or(0, |s| s.attempted)
-    }
-
-    fn device_inner(&self) -> burn::tensor::Device<Inner<B>> {
-        self.device.clone()
     }
 
     /// Whether the device computes in f64 (flex and CUDA do; most wgpu devices do not).

@@ -8,7 +8,7 @@ use afterburner::Precision;
 use burn::tensor::backend::Backend;
 
 use super::Options;
-use super::presets::{Preset, Row, Setting, all_devices, measure, model_flops};
+use super::presets::{Preset, Row, Setting, all_devices, measure, model_flops, versus_32_true};
 
 /// The precisions the focused run times.
 pub const PERF_PRECISIONS: [Precision; 2] = [Precision::Full32, Precision::Bf16Mixed];
@@ -47,12 +47,8 @@ pub fn rows<I: Backend>(o: &Options, done: &mut dyn FnMut(&[Row])) -> Result<Vec
                 checkpointing: false,
                 strategy: "ddp",
             };
-            let mut row = measure::<I>(o, &setting, one);
-            if precision == Precision::Full32 {
-                base = row.throughput;
-            }
-            row.speedup_vs_32_true = row.throughput.zip(base).map(|(t, b)| t / b);
-            rows.push(row);
+            let row = measure::<I>(o, &setting, one);
+            rows.push(versus_32_true(row, precision, &mut base));
             done(&rows);
         }
     }

@@ -160,18 +160,23 @@ pub fn rows<I: Backend>(o: &Options) -> Result<Vec<Row>, String> {
                             checkpointing,
                             strategy,
                         };
-                        let mut row = measure::<I>(o, &setting, &devices[..world]);
-                        if precision == Precision::Full32 {
-                            base = row.throughput;
-                        }
-                        row.speedup_vs_32_true = row.throughput.zip(base).map(|(t, b)| t / b);
-                        rows.push(row);
+                        let row = measure::<I>(o, &setting, &devices[..world]);
+                        rows.push(versus_32_true(row, precision, &mut base));
                     }
                 }
             }
         }
     }
     Ok(rows)
+}
+
+/// `row` with its speed-up over the 32-true row of its series, which sets `base`.
+pub(super) fn versus_32_true(mut row: Row, precision: Precision, base: &mut Option<f64>) -> Row {
+    if precision == Precision::Full32 {
+        *base = row.throughput;
+    }
+    row.speedup_vs_32_true = row.throughput.zip(*base).map(|(t, b)| t / b);
+    row
 }
 
 pub(super) struct Setting {

@@ -91,10 +91,13 @@ impl<B: Backend> TrainerGate<B> {
     }
 
     /// Sets the gate of the next optimizer step from its skip flag (true to skip), and counts
-    /// the step as applied on the device where it is not skipped.
+    /// the step as applied on the device where it is not skipped. Called after
+    /// [`start`](Self::start).
     pub(super) fn open(&mut self, skip: Tensor<B, 1, Bool>) {
+        // Both callers (the Trainer's loop, `DeviceAdamW::step`) start the gate first: without
+        // tables the optimizer would silently run Burn's step at the placeholder rate.
         let (Some(tables), Some(applied)) = (&self.tables, self.applied.take()) else {
-            return;
+            unreachable!("TrainerGate::start runs before the first gated step");
         };
         let last = tables.lr.dims()[0] as i64 - 1;
         let at = applied.clone().clamp_max(last);

@@ -135,18 +135,14 @@ impl<B: Backend> GatedAdamW<B> {
             false => tensor.clone().mul(broadcast::<B, D>(gate.decay.clone())),
         };
         let updated = decayed - delta.mul(broadcast::<B, D>(gate.lr.clone()));
-        let skip = |t: Tensor<B, D>| {
-            let shape = t.shape();
-            let mask: Tensor<B, D, Bool> = gate.skip.clone().reshape([1; D]).expand(shape);
-            mask
-        };
-        let keep_tensor = skip(updated.clone());
+        // The parameter and its moments share one shape: one mask keeps all three.
+        let skip: Tensor<B, D, Bool> = gate.skip.clone().reshape([1; D]).expand(tensor.shape());
         let kept = DeviceMoments {
             time: time.mask_where(gate.skip.clone(), state.time),
-            moment_1: moment_1.mask_where(skip(state.moment_1.clone()), state.moment_1),
-            moment_2: moment_2.mask_where(skip(state.moment_2.clone()), state.moment_2),
+            moment_1: moment_1.mask_where(skip.clone(), state.moment_1),
+            moment_2: moment_2.mask_where(skip.clone(), state.moment_2),
         };
-        (updated.mask_where(keep_tensor, tensor), kept)
+        (updated.mask_where(skip, tensor), kept)
     }
 }
 
