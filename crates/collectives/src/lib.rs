@@ -33,6 +33,7 @@ mod mesh_groups;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod quorum;
+mod ring;
 mod shared;
 mod slow_link;
 mod votes;

@@ -1,6 +1,9 @@
 //! [`Coordinator`]: what a replica's process group calls, the lighthouse itself (replicas on
 //! threads of its process) or a TCP connection to one ([`connect`](crate::connect)).
 
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
 use crate::lighthouse::{Donation, Reply, Session};
 use crate::round::Op;
 use crate::{Lighthouse, RendezvousError};
@@ -26,6 +29,19 @@ pub trait Coordinator: Send + Sync {
     fn receive_state(&self, session: &Session) -> Result<Donation, RendezvousError>;
     /// Leaves the group.
     fn leave(&self, session: &Session, reason: &str);
+    /// Records where this replica accepts data from its peers (see [`Lighthouse::announce`]).
+    fn announce(&self, session: &Session, address: &str) -> Result<(), RendezvousError>;
+    /// Where `replicas` accept data (see [`Lighthouse::peers`]).
+    fn peers(
+        &self,
+        session: &Session,
+        replicas: &[usize],
+    ) -> Result<BTreeMap<usize, String>, RendezvousError>;
+    /// The address of this machine that reaches the lighthouse, where a replica listens for
+    /// its peers (loopback for replicas on threads of the lighthouse's process).
+    fn local_ip(&self) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    }
 }
 
 impl Coordinator for Lighthouse {
@@ -54,5 +70,17 @@ impl Coordinator for Lighthouse {
 
     fn leave(&self, session: &Session, reason: &str) {
         Lighthouse::leave(self, session, reason)
+    }
+
+    fn announce(&self, session: &Session, address: &str) -> Result<(), RendezvousError> {
+        Lighthouse::announce(self, session, address)
+    }
+
+    fn peers(
+        &self,
+        session: &Session,
+        replicas: &[usize],
+    ) -> Result<BTreeMap<usize, String>, RendezvousError> {
+        Lighthouse::peers(self, session, replicas)
     }
 }

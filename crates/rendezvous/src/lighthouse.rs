@@ -35,6 +35,10 @@ pub struct Reply {
     pub members: Vec<usize>,
     /// A joining replica waits for this member's state.
     pub donate: bool,
+    /// The membership's generation when the collective finished: it changes whenever a
+    /// replica enters or leaves the membership, so equal generations mean equal members
+    /// (a ring between the members is rebuilt when it changes).
+    pub generation: u64,
 }
 
 /// A live replica's state on its way to a joining one.
@@ -93,6 +97,11 @@ struct State {
     aborted: Option<String>,
     /// The members that left, in the order they left.
     departures: Vec<Departure>,
+    /// Bumped at every change of `members` (see [`Reply::generation`]).
+    generation: u64,
+    /// Where each replica's session takes data from its peers (replica -> (session, address)),
+    /// see lighthouse_peers.rs.
+    addresses: BTreeMap<usize, (u64, String)>,
 }
 
 /// How many finished collectives are kept for members that have not read them yet (a member
@@ -188,6 +197,7 @@ impl Lighthouse {
         let joining = state.started;
         match joining {
             false => {
+                state.generation += 1;
                 state.members.insert(
                     replica,
                     Member {
@@ -290,12 +300,13 @@ impl Lighthouse {
                 });
             }
             if let Some(result) = state.results.get(&seq) {
-                let (values, members) = result.clone()?;
+                let (values, members, generation) = result.clone()?;
                 let donate = self.ask_donor(&mut state, replica);
                 return Ok(Reply {
                     values,
                     members,
                     donate,
+                    generation,
                 });
             }
             let Some(first_at) = state.rounds.get(&seq).map(|r| r.first_at) else {
@@ -421,6 +432,8 @@ impl Lighthouse {
             state.last_members = members.clone();
         }
         state.started = true;
+        let generation = state.generation;
+        let result = result.map(|(values, members)| (values, members, generation));
         state.results.insert(seq, result);
         while state.results.len() > KEPT_RESULTS {
             state.results.pop_first();
@@ -452,6 +465,7 @@ fn drop_session(state: &mut State, replica: usize, number: u64, reason: &str) {
         .is_some_and(|m| m.session == number)
     {
         state.members.remove(&replica);
+        state.generation += 1;
         tracing::info!(replica, "replica out of the quorum: {reason}");
         state.departures.push(Departure {
             replica,
@@ -470,6 +484,9 @@ fn drop_session(state: &mut State, replica: usize, number: u64, reason: &str) {
 
 #[path = "lighthouse_donation.rs"]
 mod donation;
+
+#[path = "lighthouse_peers.rs"]
+mod peers;
 
 #[cfg(test)]
 #[path = "lighthouse_tests.rs"]

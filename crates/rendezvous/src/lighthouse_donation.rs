@@ -27,6 +27,7 @@ impl Lighthouse {
         };
         let joiners = std::mem::take(&mut state.joiners);
         for (replica, number) in joiners {
+            state.generation += 1;
             state.members.insert(
                 replica,
                 Member {

@@ -20,7 +20,11 @@ pub enum Op {
 }
 
 /// A finished collective: its values and the replicas they came from, or why it failed.
-pub(crate) type Outcome = Result<(Vec<Vec<f32>>, Vec<usize>), RendezvousError>;
+pub(crate) type Combined = Result<(Vec<Vec<f32>>, Vec<usize>), RendezvousError>;
+
+/// A finished collective as its members read it: [`Combined`] with the membership's
+/// generation when it finished.
+pub(crate) type Outcome = Result<(Vec<Vec<f32>>, Vec<usize>, u64), RendezvousError>;
 
 /// One collective in progress.
 pub(crate) struct Round {
@@ -38,7 +42,7 @@ pub(crate) fn combine(
     seq: u64,
     min_replicas: usize,
     why_missing: &str,
-) -> Outcome {
+) -> Combined {
     let fail = |reason: String| RendezvousError::Collective {
         op: "collective",
         rank: members.first().copied().unwrap_or(0),

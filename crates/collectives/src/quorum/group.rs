@@ -8,18 +8,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use afterburner_rendezvous::{Coordinator, Lighthouse, Op, Session};
+use afterburner_rendezvous::{Coordinator, Lighthouse, Op, Reply, Session};
 
 use super::Quorum;
-use crate::{ParallelError, ProcessGroup, ReduceOp};
+use super::data_plane::{self, DataPlane, RingOp};
+use crate::{ParallelError, ProcessGroup, ReduceOp, reduce_scatter_by_all_reduce};
 
 /// The part of a replica's handle its clones share; leaves the group when the last goes.
-struct Handle {
-    coordinator: Arc<dyn Coordinator>,
-    session: Session,
-    replicas: usize,
-    /// The number of collectives this replica has called (the next one's number).
-    seq: AtomicU64,
+pub(super) struct Handle {
+    pub(super) coordinator: Arc<dyn Coordinator>,
+    pub(super) session: Session,
+    pub(super) replicas: usize,
+    /// The number of lighthouse rounds this replica has called (the next one's number).
+    pub(super) seq: AtomicU64,
     /// Still to be healed: no collective before [`Quorum::receive_state`].
     joining: AtomicBool,
     /// A joiner waits for this replica's state.
@@ -27,8 +28,9 @@ struct Handle {
     members: Mutex<Vec<usize>>,
     /// What this replica sends with its live state, or, once healed, what it received.
     attachment: Mutex<Vec<u8>>,
-    /// One collective at a time (clones may call from two threads).
-    calling: Mutex<()>,
+    /// The ring to the peers; its lock makes one collective at a time (clones may call from
+    /// two threads).
+    plane: Mutex<DataPlane>,
 }
 
 impl Drop for Handle {
@@ -102,19 +104,23 @@ impl LocalReplicas for Arc<Lighthouse> {
         device: &B::Device,
     ) -> Result<QuorumGroup<B>, ParallelError> {
         let session = self.connect(replica)?;
-        let replicas = self.config().replicas;
-        Ok(QuorumGroup::new(self.clone(), session, replicas, device))
+        let (replicas, timeout) = (self.config().replicas, self.config().timeout);
+        QuorumGroup::new(self.clone(), session, replicas, timeout, device)
     }
 }
 
 impl<B: Backend> QuorumGroup<B> {
+    /// `session`'s group, listening for its ring peers (the collective `timeout` bounds each
+    /// ring exchange).
     pub(crate) fn new(
         coordinator: Arc<dyn Coordinator>,
         session: Session,
         replicas: usize,
+        timeout: std::time::Duration,
         device: &B::Device,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, ParallelError> {
+        let plane = DataPlane::open(&coordinator, &session, timeout)?;
+        Ok(Self {
             handle: Arc::new(Handle {
                 coordinator,
                 joining: AtomicBool::new(session.joining),
@@ -124,11 +130,17 @@ impl<B: Backend> QuorumGroup<B> {
                 donate: AtomicBool::new(false),
                 members: Mutex::new(Vec::new()),
                 attachment: Mutex::new(Vec::new()),
-                calling: Mutex::new(()),
+                plane: Mutex::new(plane),
             }),
             device: device.clone(),
             together: false,
-        }
+        })
+    }
+
+    /// Value bytes this replica sent to its peers over the ring so far (the data plane; the
+    /// lighthouse's small control rounds and frame headers are not counted).
+    pub fn ring_bytes_sent(&self) -> u64 {
+        data_plane::lock(&self.handle.plane).bytes_sent()
     }
 
     /// This group as one whose ranks fail together, for DDP, ZeRO-1 and FSDP over processes
@@ -140,12 +152,12 @@ impl<B: Backend> QuorumGroup<B> {
         self
     }
 
-    /// One collective: `values` to the lighthouse, the combined values back as tensors.
+    /// One collective over the ring: `tensor`'s values out, the results back as tensors.
     fn call(
         &self,
-        op: Op,
+        op: RingOp,
         tensor: Option<Tensor<B, 1>>,
-    ) -> Result<(Vec<Tensor<B, 1>>, usize), ParallelError> {
+    ) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
         let handle = &self.handle;
         let replica = handle.session.replica;
         if handle.joining.load(Ordering::SeqCst) {
@@ -160,40 +172,41 @@ impl<B: Backend> QuorumGroup<B> {
         }
         let dtype = tensor.as_ref().map_or(DType::F32, |t| t.dtype());
         let values = tensor.map(host).transpose()?;
-        let _one_at_a_time = handle
-            .calling
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let seq = handle.seq.fetch_add(1, Ordering::SeqCst);
-        let reply = handle
-            .coordinator
-            .collective(&handle.session, seq, op, values)?;
-        if reply.donate {
-            handle.donate.store(true, Ordering::SeqCst);
-        }
-        let count = reply.members.len();
-        *handle
-            .members
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = reply.members;
-        let tensors = reply
-            .values
+        let mut plane = data_plane::lock(&handle.plane);
+        let results = handle.over_ring(&mut plane, op, values, self.together)?;
+        Ok(results
             .into_iter()
             .map(|v| {
                 let len = v.len();
                 Tensor::<B, 1>::from_data(TensorData::new(v, [len]), &self.device).cast(dtype)
             })
-            .collect();
-        Ok((tensors, count))
+            .collect())
     }
 
-    fn one(&self, op: Op, tensor: Option<Tensor<B, 1>>) -> Result<Tensor<B, 1>, ParallelError> {
-        let (mut tensors, _) = self.call(op, tensor)?;
-        tensors.pop().ok_or_else(|| ParallelError::Collective {
-            op: "collective",
-            rank: self.handle.session.replica,
-            reason: "the lighthouse returned no values".into(),
-        })
+    fn one(&self, op: RingOp, tensor: Option<Tensor<B, 1>>) -> Result<Tensor<B, 1>, ParallelError> {
+        self.call(op, tensor)?
+            .pop()
+            .ok_or_else(|| ParallelError::Collective {
+                op: "collective",
+                rank: self.handle.session.replica,
+                reason: "the ring returned no values".into(),
+            })
+    }
+}
+
+impl Handle {
+    /// One round with the lighthouse (the caller holds the data plane): who is present, and
+    /// whether a joiner waits for this replica's state.
+    pub(super) fn round(&self, op: Op, values: Option<Vec<f32>>) -> Result<Reply, ParallelError> {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let reply = self
+            .coordinator
+            .collective(&self.session, seq, op, values)?;
+        if reply.donate {
+            self.donate.store(true, Ordering::SeqCst);
+        }
+        *self.members.lock().unwrap_or_else(PoisonError::into_inner) = reply.members.clone();
+        Ok(reply)
     }
 }
 
@@ -220,11 +233,8 @@ impl<B: Backend> ProcessGroup<B> for QuorumGroup<B> {
         tensor: Tensor<B, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, ParallelError> {
-        let op = match op {
-            ReduceOp::Sum => Op::Sum,
-            ReduceOp::Mean => Op::Mean,
-        };
-        self.one(op, Some(tensor))
+        let mean = op == ReduceOp::Mean;
+        self.one(RingOp::AllReduce { mean }, Some(tensor))
     }
 
     fn broadcast(
@@ -232,12 +242,30 @@ impl<B: Backend> ProcessGroup<B> for QuorumGroup<B> {
         tensor: Option<Tensor<B, 1>>,
         root: usize,
     ) -> Result<Tensor<B, 1>, ParallelError> {
-        self.one(Op::Broadcast(root), tensor)
+        self.one(RingOp::Broadcast(root), tensor)
     }
 
     /// The values of the replicas present, in replica order.
     fn all_gather(&self, tensor: Tensor<B, 1>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
-        Ok(self.call(Op::Gather, Some(tensor))?.0)
+        self.call(RingOp::Gather, Some(tensor))
+    }
+
+    /// Over the ring where the ranks fail together (every rank present, each keeping its
+    /// chunk); a fault-tolerant group reduces the whole tensor over the replicas present.
+    fn reduce_scatter(
+        &self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, ParallelError> {
+        if !self.together {
+            return reduce_scatter_by_all_reduce(self, tensor, op);
+        }
+        let [len] = tensor.dims();
+        if !len.is_multiple_of(self.handle.replicas) {
+            return reduce_scatter_by_all_reduce(self, tensor, op); // names the mismatch
+        }
+        let mean = op == ReduceOp::Mean;
+        self.one(RingOp::ReduceScatter { mean }, Some(tensor))
     }
 
     fn quorum(&self) -> Option<Arc<dyn Quorum>> {
@@ -269,7 +297,7 @@ impl Quorum for Handle {
     }
 
     fn send_state(&self, state: Vec<u8>) -> Result<(), ParallelError> {
-        let _one_at_a_time = self.calling.lock().unwrap_or_else(PoisonError::into_inner);
+        let _one_at_a_time = data_plane::lock(&self.plane);
         let next_seq = self.seq.load(Ordering::SeqCst);
         self.coordinator
             .send_state(&self.session, next_seq, state)?;

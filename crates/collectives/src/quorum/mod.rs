@@ -18,6 +18,7 @@
 //! DDP, ZeRO and FSDP refuse a quorum group (afterburner-parallel): their replicas step
 //! together on shared gradients or shards, so one lost replica loses state.
 
+mod data_plane;
 mod group;
 #[cfg(feature = "testing")]
 mod scenario;

@@ -46,10 +46,11 @@ pub(crate) fn connect_declaring<B: Backend>(
     declaration: Option<&Declaration>,
 ) -> Result<QuorumGroup<B>, ParallelError> {
     let connection = afterburner_rendezvous::connect(address, replica, wait, token, declaration)?;
-    Ok(QuorumGroup::new(
+    QuorumGroup::new(
         connection.coordinator,
         connection.session,
         connection.replicas,
+        connection.timeout,
         device,
-    ))
+    )
 }

@@ -1,13 +1,15 @@
 //! A replica's side of the TCP lighthouse ([`connect`]), and a launcher's question about the
 //! settled restart policy ([`ask_restart_policy`]).
 
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    ASK_POLICY, COLLECTIVE, DONE, ERROR, HELLO, LEAVE, POLICY, RECEIVE_STATE, REPLY, SEND_STATE,
-    STATE, WELCOME, decode_policy, encode_op, encode_policy, io_error, protocol, read_frame, send,
+    ADDRESSES, ANNOUNCE, ASK_POLICY, COLLECTIVE, DONE, ERROR, HELLO, LEAVE, PEERS, POLICY,
+    RECEIVE_STATE, REPLY, SEND_STATE, STATE, WELCOME, decode_policy, encode_op, encode_policy,
+    io_error, protocol, read_frame, send,
 };
 use crate::coordinator::Coordinator;
 use crate::lighthouse::{Donation, Reply, Session};
@@ -24,6 +26,8 @@ pub struct Connection {
     pub session: Session,
     /// The replicas the lighthouse serves.
     pub replicas: usize,
+    /// The lighthouse's collective timeout (a ring between the replicas waits as long).
+    pub timeout: Duration,
 }
 
 /// Connects replica `replica` to the lighthouse at `address` (retrying for up to `wait` while
@@ -62,10 +66,12 @@ pub fn connect(
         joining: welcome.u8()? != 0,
     };
     let replicas = welcome.u64()? as usize;
+    let timeout = Duration::from_micros(welcome.u64()?);
     Ok(Connection {
         coordinator: Arc::new(client),
         session,
         replicas,
+        timeout,
     })
 }
 
@@ -167,6 +173,7 @@ impl Coordinator for TcpCoordinator {
         }
         let mut reply = self.request(&out, REPLY)?;
         let donate = reply.u8()? != 0;
+        let generation = reply.u64()?;
         let members = (0..reply.u64()?)
             .map(|_| reply.u64().map(|m| m as usize))
             .collect::<Result<_, _>>()?;
@@ -177,6 +184,7 @@ impl Coordinator for TcpCoordinator {
             values,
             members,
             donate,
+            generation,
         })
     }
 
@@ -205,5 +213,36 @@ impl Coordinator for TcpCoordinator {
         put_bytes(&mut out, reason.as_bytes());
         let mut stream = self.stream.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = send(&mut *stream, &out);
+    }
+
+    fn announce(&self, _session: &Session, address: &str) -> Result<(), RendezvousError> {
+        let mut out = vec![ANNOUNCE];
+        put_bytes(&mut out, address.as_bytes());
+        self.request(&out, DONE).map(|_| ())
+    }
+
+    fn peers(
+        &self,
+        _session: &Session,
+        replicas: &[usize],
+    ) -> Result<BTreeMap<usize, String>, RendezvousError> {
+        let mut out = vec![PEERS];
+        put_u64(&mut out, replicas.len() as u64);
+        replicas.iter().for_each(|r| put_u64(&mut out, *r as u64));
+        let mut answer = self.request(&out, ADDRESSES)?;
+        (0..answer.u64()?)
+            .map(|_| {
+                let replica = answer.u64()? as usize;
+                let address = String::from_utf8_lossy(&answer.bytes()?).into_owned();
+                Ok((replica, address))
+            })
+            .collect()
+    }
+
+    fn local_ip(&self) -> IpAddr {
+        let stream = self.stream.lock().unwrap_or_else(PoisonError::into_inner);
+        stream
+            .local_addr()
+            .map_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |a| a.ip())
     }
 }

@@ -29,12 +29,15 @@ const COLLECTIVE: u8 = 2;
 const SEND_STATE: u8 = 3;
 const RECEIVE_STATE: u8 = 4;
 const LEAVE: u8 = 5;
+const ANNOUNCE: u8 = 7;
+const PEERS: u8 = 8;
 const WELCOME: u8 = 10;
 const REPLY: u8 = 11;
 const DONE: u8 = 12;
 const STATE: u8 = 13;
 const ERROR: u8 = 14;
 const POLICY: u8 = 15;
+const ADDRESSES: u8 = 16;
 
 fn encode_op(op: Op) -> (u8, u64) {
     match op {

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{
-    ASK_POLICY, COLLECTIVE, DONE, HELLO, LEAVE, RECEIVE_STATE, REPLY, SEND_STATE, STATE, WELCOME,
-    decode_op, decode_policy, error_frame, io_error, policy_frame, protocol, read_frame, send,
+    ADDRESSES, ANNOUNCE, ASK_POLICY, COLLECTIVE, DONE, HELLO, LEAVE, PEERS, RECEIVE_STATE, REPLY,
+    SEND_STATE, STATE, WELCOME, decode_op, decode_policy, error_frame, io_error, policy_frame,
+    protocol, read_frame, send,
 };
 use crate::lighthouse::Session;
 use crate::wire::{Frame, put_bytes, put_f32s, put_u64};
@@ -174,6 +175,7 @@ fn serve(stream: TcpStream, lighthouse: &Lighthouse, token: Option<&str>) {
     put_u64(&mut welcome, session.number);
     welcome.push(u8::from(session.joining));
     put_u64(&mut welcome, lighthouse.config().replicas as u64);
+    put_u64(&mut welcome, lighthouse.config().timeout.as_micros() as u64);
     if send(&mut writer, &welcome).is_err() {
         lighthouse.leave(&session, "its connection closed");
         return;
@@ -220,6 +222,7 @@ fn answer(
             };
             let reply = lighthouse.collective(session, seq, op, values)?;
             let mut out = vec![REPLY, u8::from(reply.donate)];
+            put_u64(&mut out, reply.generation);
             put_u64(&mut out, reply.members.len() as u64);
             reply
                 .members
@@ -240,6 +243,24 @@ fn answer(
             let mut out = vec![STATE];
             put_u64(&mut out, donation.next_seq);
             put_bytes(&mut out, &donation.bytes);
+            Ok(Some(out))
+        }
+        ANNOUNCE => {
+            let address = String::from_utf8_lossy(&request.bytes()?).into_owned();
+            lighthouse.announce(session, &address)?;
+            Ok(Some(vec![DONE]))
+        }
+        PEERS => {
+            let replicas = (0..request.u64()?)
+                .map(|_| request.u64().map(|r| r as usize))
+                .collect::<Result<Vec<_>, _>>()?;
+            let peers = lighthouse.peers(session, &replicas)?;
+            let mut out = vec![ADDRESSES];
+            put_u64(&mut out, peers.len() as u64);
+            for (replica, address) in peers {
+                put_u64(&mut out, replica as u64);
+                put_bytes(&mut out, address.as_bytes());
+            }
             Ok(Some(out))
         }
         LEAVE => {

@@ -1,0 +1,287 @@
+//! How a [`QuorumGroup`](super::QuorumGroup) moves its values: over a ring between the
+//! members (crate::ring), with the lighthouse as the control plane.
+//!
+//! - A group whose ranks fail together (`afterburner launch`, policy `all`) asks the
+//!   lighthouse once, at its first collective, who is where; from then on its collectives go
+//!   over the ring alone, and the first failure is sticky.
+//! - A fault-tolerant group asks the lighthouse before each collective who is present (a
+//!   round that also checks the members agree on the collective and its length), runs it on
+//!   the ring of those members (rebuilt when the membership's generation changed), then
+//!   commits it in a second round: when a member failed or left during the ring, every member
+//!   retries over the members left, so they all return the same result.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use afterburner_rendezvous::{Coordinator, Op, Reply, Session};
+
+use super::group::Handle;
+use crate::ParallelError;
+use crate::ring::{Endpoint, Ring};
+
+/// How many times a fault-tolerant collective is retried over unchanged members before it
+/// fails (a membership change does not count: a lost member is the failure retries are for).
+const RETRIES: usize = 3;
+
+/// A collective, as the ring runs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum RingOp {
+    AllReduce { mean: bool },
+    ReduceScatter { mean: bool },
+    Broadcast(usize),
+    Gather,
+}
+
+impl RingOp {
+    fn code(self) -> (f32, f32) {
+        match self {
+            RingOp::AllReduce { mean } => (1.0 + f32::from(u8::from(mean)), 0.0),
+            RingOp::ReduceScatter { mean } => (3.0 + f32::from(u8::from(mean)), 0.0),
+            RingOp::Broadcast(root) => (5.0, root as f32),
+            RingOp::Gather => (6.0, 0.0),
+        }
+    }
+
+    fn name(code: f32) -> &'static str {
+        match code as u8 {
+            1 => "all_reduce (sum)",
+            2 => "all_reduce (mean)",
+            3 => "reduce_scatter (sum)",
+            4 => "reduce_scatter (mean)",
+            5 => "broadcast",
+            _ => "all_gather",
+        }
+    }
+}
+
+/// A replica's ring and where it listens for its peers.
+pub(super) struct DataPlane {
+    endpoint: Endpoint,
+    ring: Option<Ring>,
+    /// Bytes sent over rings since replaced.
+    retired: u64,
+    /// A group failing together: its first failure.
+    sticky: Option<ParallelError>,
+    timeout: Duration,
+}
+
+impl DataPlane {
+    /// Listens for peers on the address that reaches the lighthouse and tells the lighthouse.
+    pub fn open(
+        coordinator: &Arc<dyn Coordinator>,
+        session: &Session,
+        timeout: Duration,
+    ) -> Result<Self, ParallelError> {
+        let endpoint = Endpoint::bind(coordinator.local_ip(), session.replica)?;
+        coordinator.announce(session, &endpoint.address())?;
+        Ok(Self {
+            endpoint,
+            ring: None,
+            retired: 0,
+            sticky: None,
+            timeout,
+        })
+    }
+
+    /// Value bytes this replica sent to its peers.
+    pub fn bytes_sent(&self) -> u64 {
+        self.retired + self.ring.as_ref().map_or(0, Ring::bytes_sent)
+    }
+
+    fn replace_ring(&mut self, ring: Option<Ring>) {
+        self.retired += self.ring.as_ref().map_or(0, Ring::bytes_sent);
+        self.ring = ring;
+    }
+}
+
+impl Handle {
+    /// One collective over the ring (the caller holds `plane`, so one at a time).
+    pub(super) fn over_ring(
+        &self,
+        plane: &mut DataPlane,
+        op: RingOp,
+        values: Option<Vec<f32>>,
+        together: bool,
+    ) -> Result<Vec<Vec<f32>>, ParallelError> {
+        if let Some(error) = &plane.sticky {
+            return Err(error.clone());
+        }
+        if !together {
+            return self.committed(plane, op, values);
+        }
+        let result = (|| {
+            if plane.ring.is_none() {
+                let reply = self.begin(op, values.as_deref())?;
+                let all: Vec<usize> = (0..self.replicas).collect();
+                if reply.members != all {
+                    return Err(ParallelError::Collective {
+                        op: "collective",
+                        rank: self.session.replica,
+                        reason: format!(
+                            "the ranks fail together, but only {:?} of {} are present",
+                            reply.members, self.replicas
+                        ),
+                    });
+                }
+                self.rebuild(plane, &reply)?;
+            }
+            run(ring_of(plane), op, values)
+        })();
+        if let Err(error) = &result {
+            plane.replace_ring(None);
+            // The lighthouse knows who left and why: its round fails naming the lost rank
+            // (every rank fails this collective, as each neighbour of a failure drops its links).
+            let named = self.round(Op::Sum, Some(vec![1.0])).err();
+            let error = named.unwrap_or_else(|| error.clone());
+            plane.sticky = Some(error.clone());
+            return Err(error);
+        }
+        result
+    }
+
+    /// A fault-tolerant collective: begin, ring, commit, retried over the members left.
+    fn committed(
+        &self,
+        plane: &mut DataPlane,
+        op: RingOp,
+        values: Option<Vec<f32>>,
+    ) -> Result<Vec<Vec<f32>>, ParallelError> {
+        let mut failures = 0;
+        loop {
+            let reply = self.begin(op, values.as_deref())?;
+            let stale = plane.ring.as_ref().is_none_or(|ring| {
+                ring.generation() != reply.generation
+                    || ring.failed().is_some()
+                    || ring.members() != reply.members
+            });
+            let attempt = match stale {
+                true => self.rebuild(plane, &reply),
+                false => Ok(()),
+            }
+            .and_then(|()| run(ring_of(plane), op, values.clone()));
+            if reply.members.len() == 1 {
+                return attempt; // nobody to agree with
+            }
+            let failed = f32::from(u8::from(attempt.is_err()));
+            let commit = self.round(Op::Sum, Some(vec![failed]))?;
+            let failed_on = commit.values.first().and_then(|v| v.first()).copied();
+            if failed_on == Some(0.0) && commit.members == reply.members {
+                return attempt;
+            }
+            plane.replace_ring(None);
+            if let Err(error) = &attempt {
+                tracing::warn!(
+                    replica = self.session.replica,
+                    "ring collective failed: {error}"
+                );
+            }
+            if commit.members == reply.members {
+                failures += 1;
+                if failures == RETRIES {
+                    return Err(attempt.err().unwrap_or_else(|| ParallelError::Collective {
+                        op: "collective",
+                        rank: self.session.replica,
+                        reason: format!(
+                            "the ring collective failed {RETRIES} times over the same members \
+                             {:?} (see the failing members' errors)",
+                            reply.members
+                        ),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// The round before a collective: who is present, and whether they agree on it.
+    fn begin(&self, op: RingOp, values: Option<&[f32]>) -> Result<Reply, ParallelError> {
+        let (code, root) = op.code();
+        let len = values.map_or(0, <[f32]>::len) as u64;
+        let control = vec![code, root, (len & 0xFF_FFFF) as f32, (len >> 24) as f32];
+        let seq = self.seq.load(Ordering::SeqCst);
+        let reply = self.round(Op::Gather, Some(control))?;
+        let rank = self.session.replica;
+        let calls: Vec<(usize, &Vec<f32>)> =
+            reply.members.iter().copied().zip(&reply.values).collect();
+        let Some(&(first, first_call)) = calls.first() else {
+            return Ok(reply);
+        };
+        for &(replica, call) in &calls[1..] {
+            if call.first() != first_call.first() {
+                return Err(ParallelError::Mismatch {
+                    rank,
+                    reason: format!(
+                        "collective {seq}: replica {replica} called {}, replica {first} {}",
+                        RingOp::name(call[0]),
+                        RingOp::name(first_call[0])
+                    ),
+                });
+            }
+            let length = |c: &[f32]| c[2] as u64 + ((c[3] as u64) << 24);
+            let sized = !matches!(op, RingOp::Gather | RingOp::Broadcast(_));
+            if sized && length(call) != length(first_call) {
+                return Err(ParallelError::Collective {
+                    op: "collective",
+                    rank,
+                    reason: format!(
+                        "collective {seq}: replica {replica} sent {} values, replica {first} sent {}",
+                        length(call),
+                        length(first_call)
+                    ),
+                });
+            }
+        }
+        if let RingOp::Broadcast(root) = op
+            && !reply.members.contains(&root)
+        {
+            return Err(ParallelError::Collective {
+                op: "collective",
+                rank,
+                reason: format!(
+                    "collective {seq}: the broadcast's root, replica {root}, left the quorum"
+                ),
+            });
+        }
+        Ok(reply)
+    }
+
+    /// Builds the ring of `reply`'s members and generation.
+    fn rebuild(&self, plane: &mut DataPlane, reply: &Reply) -> Result<(), ParallelError> {
+        plane.replace_ring(None);
+        let peers = self.coordinator.peers(&self.session, &reply.members)?;
+        let ring = Ring::build(
+            &plane.endpoint,
+            self.session.replica,
+            &reply.members,
+            reply.generation,
+            &peers,
+            plane.timeout,
+        )?;
+        plane.replace_ring(Some(ring));
+        Ok(())
+    }
+}
+
+fn ring_of(plane: &mut DataPlane) -> &mut Ring {
+    plane.ring.as_mut().expect("built before it runs")
+}
+
+/// Runs `op` on `ring`: one vector, or one per member for a gather.
+fn run(
+    ring: &mut Ring,
+    op: RingOp,
+    values: Option<Vec<f32>>,
+) -> Result<Vec<Vec<f32>>, ParallelError> {
+    let given = |values: Option<Vec<f32>>| values.unwrap_or_default();
+    Ok(match op {
+        RingOp::AllReduce { mean } => vec![ring.all_reduce(given(values), mean)?],
+        RingOp::ReduceScatter { mean } => vec![ring.reduce_scatter(given(values), mean)?],
+        RingOp::Broadcast(root) => vec![ring.broadcast(values, root)?],
+        RingOp::Gather => ring.all_gather(given(values))?,
+    })
+}
+
+/// The lock on a replica's data plane, whatever a panicking holder left.
+pub(super) fn lock(plane: &std::sync::Mutex<DataPlane>) -> std::sync::MutexGuard<'_, DataPlane> {
+    plane.lock().unwrap_or_else(PoisonError::into_inner)
+}
