@@ -13,6 +13,8 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench::run(&args[1..]),
         Some("gpu-check") => std::process::exit(gpu_check::run(&args[1..]) as i32),
+        #[cfg(feature = "flex")]
+        Some("engine-all-reduce") => bench::engines::rank(&args[1..]),
         #[cfg(all(feature = "mpi", feature = "flex"))]
         Some("mpi-all-reduce") => bench::mpi::rank(&args[1..]),
         #[cfg(all(feature = "mpi", feature = "flex"))]

@@ -353,6 +353,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         ),
     ];
     let rows = with_mpi_all_reduce(rows, params + tensors)?;
+    let rows = with_engines(rows, params + tensors, o.quick)?;
     let rows = with_fsdp_traffic(rows)?;
     let mut md = format!(
         "DDP, backend `{}`, ViT (6 blocks, d_model 128; {params} parameters in {tensors} tensors), \
@@ -379,7 +380,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
 /// `mpi`; needs Open MPI).
 #[cfg(all(feature = "mpi", feature = "flex"))]
 fn with_mpi_all_reduce(mut rows: Vec<Row>, len: usize) -> Result<Vec<Row>, String> {
-    let time = super::mpi::all_reduce_time(len, 20)?;
+    let time = super::mpi::all_reduce_time(2, len, 20)?;
     let at = rows
         .iter()
         .position(|r| r.scenario.contains("burn-collective"))
@@ -398,6 +399,42 @@ fn with_mpi_all_reduce(mut rows: Vec<Row>, len: usize) -> Result<Vec<Row>, Strin
 /// Without the `mpi` feature there is no MPI row.
 #[cfg(not(all(feature = "mpi", feature = "flex")))]
 fn with_mpi_all_reduce(rows: Vec<Row>, _len: usize) -> Result<Vec<Row>, String> {
+    Ok(rows)
+}
+
+/// The engines between worker processes (star, ring, MPI with feature `mpi`) at 2 and 4
+/// processes: one step's gradient all-reduce and, unless `quick`, a 16 MiB one.
+#[cfg(feature = "flex")]
+fn with_engines(mut rows: Vec<Row>, len: usize, quick: bool) -> Result<Vec<Row>, String> {
+    let mut sizes = vec![(len, 20, "one step's gradients")];
+    if !quick {
+        sizes.push((1 << 22, 5, "16 MiB"));
+    }
+    for (len, reps, what) in sizes {
+        for m in super::engines::measure(len, reps)? {
+            let name = format!(
+                "all_reduce of {what} ({len} values), {} worker processes on loopback, {}",
+                m.processes,
+                match m.engine {
+                    "star" => "star through the lighthouse",
+                    "ring" => "ring between the ranks",
+                    _ => "Open MPI",
+                }
+            );
+            rows.push(row(&name, m.ms, "ms"));
+            rows.push(row(
+                &format!("{name}: value bytes sent per rank"),
+                m.bytes_per_rank,
+                "B",
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// The engine rows need the CPU backend.
+#[cfg(not(feature = "flex"))]
+fn with_engines(rows: Vec<Row>, _: usize, _: bool) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 

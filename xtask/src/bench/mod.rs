@@ -31,6 +31,8 @@ mod burn_lm;
 mod checkpoint;
 mod data;
 mod ddp;
+#[cfg(feature = "flex")]
+pub mod engines;
 mod faults;
 mod flop_overhead;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

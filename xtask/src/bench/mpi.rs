@@ -1,4 +1,4 @@
-//! The MPI engine's all-reduce time (feature `mpi`): 2 processes on loopback, started with
+//! The MPI engine's all-reduce time (feature `mpi`): processes on loopback, started with
 //! `mpirun` on this very binary (`xtask mpi-all-reduce LEN REPS` is the rank side).
 
 use std::time::{Duration, Instant};
@@ -11,8 +11,8 @@ use burn::tensor::backend::Backend;
 /// What rank 0 prints: the mean all-reduce time in nanoseconds.
 const MARK: &str = "MPI_ALL_REDUCE_NS";
 
-/// Mean time of an all-reduce of `len` f32 between 2 MPI processes on this machine.
-pub fn all_reduce_time(len: usize, reps: usize) -> Result<Duration, String> {
+/// Mean time of an all-reduce of `len` f32 between `processes` MPI processes on this machine.
+pub fn all_reduce_time(processes: usize, len: usize, reps: usize) -> Result<Duration, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let args = [
         "mpi-all-reduce".to_string(),
@@ -20,7 +20,7 @@ pub fn all_reduce_time(len: usize, reps: usize) -> Result<Duration, String> {
         reps.to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = run_on_loopback(2, &exe, &args, &[], Duration::from_secs(300))
+    let run = run_on_loopback(processes, &exe, &args, &[], Duration::from_secs(300))
         .map_err(|e| format!("cannot start mpirun (install openmpi-bin): {e}"))?;
     if !run.success {
         return Err(format!("the MPI all-reduce job failed:\n{}", run.output));

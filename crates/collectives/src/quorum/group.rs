@@ -62,6 +62,8 @@ pub struct QuorumGroup<B: Backend> {
     device: B::Device,
     /// The ranks fail together ([`failing_together`](QuorumGroup::failing_together)).
     together: bool,
+    /// Every value goes through the lighthouse ([`through_lighthouse`](QuorumGroup::through_lighthouse)).
+    star: bool,
 }
 
 impl<B: Backend> Clone for QuorumGroup<B> {
@@ -70,6 +72,7 @@ impl<B: Backend> Clone for QuorumGroup<B> {
             handle: self.handle.clone(),
             device: self.device.clone(),
             together: self.together,
+            star: self.star,
         }
     }
 }
@@ -134,6 +137,7 @@ impl<B: Backend> QuorumGroup<B> {
             }),
             device: device.clone(),
             together: false,
+            star: false,
         })
     }
 
@@ -149,6 +153,14 @@ impl<B: Backend> QuorumGroup<B> {
     /// lost rank fails every rank's collective instead of being left out.
     pub fn failing_together(mut self) -> Self {
         self.together = true;
+        self
+    }
+
+    /// This group with every value sent through the lighthouse (a star: each replica sends and
+    /// receives its buffer, the lighthouse moves one per replica) instead of the ring between
+    /// the members: the data path before the ring, kept for side-by-side benchmarks.
+    pub fn through_lighthouse(mut self) -> Self {
+        self.star = true;
         self
     }
 
@@ -173,7 +185,10 @@ impl<B: Backend> QuorumGroup<B> {
         let dtype = tensor.as_ref().map_or(DType::F32, |t| t.dtype());
         let values = tensor.map(host).transpose()?;
         let mut plane = data_plane::lock(&handle.plane);
-        let results = handle.over_ring(&mut plane, op, values, self.together)?;
+        let results = match self.star {
+            true => handle.through_lighthouse(op, values)?,
+            false => handle.over_ring(&mut plane, op, values, self.together)?,
+        };
         Ok(results
             .into_iter()
             .map(|v| {
@@ -207,6 +222,23 @@ impl Handle {
         }
         *self.members.lock().unwrap_or_else(PoisonError::into_inner) = reply.members.clone();
         Ok(reply)
+    }
+
+    /// One collective with its values through the lighthouse (see
+    /// [`QuorumGroup::through_lighthouse`]).
+    fn through_lighthouse(
+        &self,
+        op: RingOp,
+        values: Option<Vec<f32>>,
+    ) -> Result<Vec<Vec<f32>>, ParallelError> {
+        let op = match op {
+            RingOp::AllReduce { mean: false } => Op::Sum,
+            RingOp::AllReduce { mean: true } => Op::Mean,
+            RingOp::Broadcast(root) => Op::Broadcast(root),
+            RingOp::Gather => Op::Gather,
+            RingOp::ReduceScatter { .. } => unreachable!("composed of an all-reduce"),
+        };
+        Ok(self.round(op, values)?.values)
     }
 }
 
@@ -257,7 +289,7 @@ impl<B: Backend> ProcessGroup<B> for QuorumGroup<B> {
         tensor: Tensor<B, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, ParallelError> {
-        if !self.together {
+        if !self.together || self.star {
             return reduce_scatter_by_all_reduce(self, tensor, op);
         }
         let [len] = tensor.dims();

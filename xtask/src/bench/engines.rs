@@ -1,0 +1,158 @@
+//! The engines between processes side by side: one all-reduce between 2 and 4 worker processes
+//! on loopback, through the lighthouse (the star `afterburner launch` used before the ring),
+//! over the ring between the ranks, and (feature `mpi`) over Open MPI: ms per all-reduce and
+//! the value bytes each rank sends. `xtask engine-all-reduce ENGINE ADDRESS RANK LEN REPS` is
+//! the rank side.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use afterburner::parallel::{LighthouseServer, ProcessGroup, QuorumConfig, ReduceOp, connect_tcp};
+use burn::backend::Flex;
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+/// What rank 0 prints: the mean all-reduce time in nanoseconds and the value bytes it sent.
+const MARK: &str = "ENGINE_ALL_REDUCE";
+
+/// One measured engine: its name, processes, ms per all-reduce, value bytes rank 0 sent.
+pub struct Measured {
+    /// "star" (through the lighthouse), "ring" or "MPI".
+    pub engine: &'static str,
+    /// Worker processes.
+    pub processes: usize,
+    /// Mean ms per all-reduce.
+    pub ms: f64,
+    /// Value bytes one rank sends per all-reduce (the star's hub sends `processes` times its
+    /// buffer on top).
+    pub bytes_per_rank: f64,
+}
+
+/// Every engine at 2 and 4 processes, an all-reduce of `len` values, `reps` times each.
+pub fn measure(len: usize, reps: usize) -> Result<Vec<Measured>, String> {
+    let mut out = Vec::new();
+    for processes in [2, 4] {
+        for engine in ["star", "ring"] {
+            let (ms, bytes) = over_tcp(engine, processes, len, reps)?;
+            out.push(Measured {
+                engine,
+                processes,
+                ms,
+                bytes_per_rank: bytes,
+            });
+        }
+        if let Some(ms) = over_mpi(processes, len, reps)? {
+            // Open MPI's ring all-reduce for large buffers: 2(n-1)/n of it, as ours.
+            let bytes = 2.0 * (processes - 1) as f64 * 4.0 * len as f64 / processes as f64;
+            out.push(Measured {
+                engine: "MPI",
+                processes,
+                ms,
+                bytes_per_rank: bytes,
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(feature = "mpi")]
+fn over_mpi(processes: usize, len: usize, reps: usize) -> Result<Option<f64>, String> {
+    Ok(Some(
+        super::mpi::all_reduce_time(processes, len, reps)?.as_secs_f64() * 1e3,
+    ))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn over_mpi(_: usize, _: usize, _: usize) -> Result<Option<f64>, String> {
+    Ok(None)
+}
+
+/// Serves a lighthouse and starts `processes` ranks of this binary on it.
+fn over_tcp(engine: &str, processes: usize, len: usize, reps: usize) -> Result<(f64, f64), String> {
+    let config = QuorumConfig::new(processes)
+        .with_min_replicas(processes)
+        .with_timeout(Duration::from_secs(120));
+    let server = LighthouseServer::bind("127.0.0.1:0", config).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let (address, len_s, reps_s) = (
+        server.address().to_string(),
+        len.to_string(),
+        reps.to_string(),
+    );
+    let ranks: Vec<_> = (0..processes)
+        .map(|rank| {
+            let rank_s = rank.to_string();
+            let args = [
+                "engine-all-reduce",
+                engine,
+                &address,
+                &rank_s,
+                &len_s,
+                &reps_s,
+            ];
+            Command::new(&exe)
+                .args(args)
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let mut report = None;
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let output = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !output.status.success() {
+            return Err(format!("{engine} rank {rank} of {processes} failed"));
+        }
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        if let Some(line) = text.lines().find_map(|l| l.strip_prefix(MARK)) {
+            let mut words = line.split_whitespace().map(|w| w.parse::<f64>());
+            if let (Some(Ok(ns)), Some(Ok(bytes))) = (words.next(), words.next()) {
+                report = Some((ns / 1e6, bytes));
+            }
+        }
+    }
+    report.ok_or_else(|| format!("no {MARK} line from {engine} rank 0"))
+}
+
+/// The rank side: `ENGINE ADDRESS RANK LEN REPS`, a group failing together (as `afterburner
+/// launch` gives DDP), its values through the lighthouse (`star`) or over the ring (`ring`).
+pub fn rank(args: &[String]) -> Result<(), String> {
+    let usage = || "usage: xtask engine-all-reduce star|ring ADDRESS RANK LEN REPS".to_string();
+    let [engine, address, rank, len, reps] = args else {
+        return Err(usage());
+    };
+    let number = |s: &String| s.parse::<usize>().map_err(|_| usage());
+    let (rank, len, reps) = (number(rank)?, number(len)?, number(reps)?);
+    let device = Default::default();
+    let group = connect_tcp::<Flex>(address.as_str(), rank, &device, Duration::from_secs(60))
+        .map_err(|e| e.to_string())?
+        .failing_together();
+    let group = match engine.as_str() {
+        "star" => group.through_lighthouse(),
+        "ring" => group,
+        _ => return Err(usage()),
+    };
+    let tensor = Tensor::<Flex, 1>::ones([len], &device);
+    let err = |e: afterburner::parallel::ParallelError| e.to_string();
+    group
+        .all_reduce(tensor.clone(), ReduceOp::Sum)
+        .map_err(err)?; // warm-up (and ring set-up)
+    let before = group.ring_bytes_sent();
+    let start = Instant::now();
+    for _ in 0..reps {
+        let reduced = group
+            .all_reduce(tensor.clone(), ReduceOp::Sum)
+            .map_err(err)?;
+        Flex::sync(&device).ok();
+        drop(reduced);
+    }
+    let nanos = (start.elapsed() / reps as u32).as_nanos();
+    let bytes = match engine.as_str() {
+        "star" => 4 * len as u64, // its buffer to the lighthouse
+        _ => (group.ring_bytes_sent() - before) / reps as u64,
+    };
+    if rank == 0 {
+        println!("{MARK} {nanos} {bytes}");
+    }
+    Ok(())
+}
