@@ -33,6 +33,11 @@ fn accumulate(model: &Mlp<B>, a: &mut GradientsParams, mut b: GradientsParams) {
 /// 2 workers, each with its half of every batch split into `micro` micro-batches; returns
 /// every rank's final parameters and gradient all-reduce count.
 fn data_parallel(micro: usize) -> Vec<(Vec<f32>, u64)> {
+    data_parallel_in_buckets(micro, afterburner_parallel::DEFAULT_BUCKET_CAP_MB)
+}
+
+/// [`data_parallel`] with gradient buckets of at most `cap_mb` MiB.
+fn data_parallel_in_buckets(micro: usize, cap_mb: f64) -> Vec<(Vec<f32>, u64)> {
     let data = data();
     // Built here, not in the workers: Flex has one process-wide RNG, which concurrent workers
     // would draw from in any order. Rank 1 starts from other weights: setup must give it
@@ -46,7 +51,9 @@ fn data_parallel(micro: usize) -> Vec<(Vec<f32>, u64)> {
         LaunchConfig::default(),
         move |group| {
             let rank = group.rank();
-            let mut ddp = Ddp::<B, _>::new(group);
+            let mut ddp = Ddp::<B, _>::new(group)
+                .with_bucket_cap_mb(cap_mb)
+                .map_err(|e| e.to_string())?;
             let mut model = ddp
                 .setup(initial[rank].clone())
                 .map_err(|e| e.to_string())?;
@@ -109,4 +116,41 @@ fn accumulation_syncs_once_per_step_with_the_same_result() {
         2 * BATCH
     );
     assert!(err <= 1e-5, "{err}");
+}
+
+#[test]
+fn buckets_give_the_one_buffer_result_and_one_all_reduce_each() {
+    let _rng = rng_lock();
+    let one = data_parallel(1);
+    let tensors = {
+        struct Count(usize);
+        impl ModuleVisitor<B> for Count {
+            fn visit_float<const D: usize>(&mut self, _: &Param<Tensor<B, D>>) {
+                self.0 += 1;
+            }
+        }
+        let mut count = Count(0);
+        Mlp::<B>::new(1, &Default::default()).visit(&mut count);
+        count.0
+    };
+    // A cap below any parameter: one bucket per parameter tensor.
+    let each = data_parallel_in_buckets(1, 1e-9);
+    let again = data_parallel_in_buckets(1, 1e-9);
+    assert_eq!(each[0].0, each[1].0, "replicas must be identical");
+    assert_eq!(each[0].0, again[0].0, "deterministic run to run");
+    assert_eq!(
+        each[0].1,
+        (STEPS * tensors) as u64,
+        "one all-reduce per bucket"
+    );
+    let err = max_rel(&each[0].0, &one[0].0);
+    println!("{tensors} buckets vs one: max relative difference {err:e}");
+    assert!(err <= 1e-6, "{err}");
+    let refused =
+        launch::<Flex, _, String, _>(vec![Default::default()], LaunchConfig::default(), |group| {
+            let error = Ddp::<B, _>::new(group).with_bucket_cap_mb(0.0).err();
+            Ok(error.map(|e| e.to_string()).unwrap_or_default())
+        })
+        .unwrap();
+    assert!(refused[0].contains("bucket_cap_mb"), "{}", refused[0]);
 }

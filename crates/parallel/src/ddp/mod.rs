@@ -1,6 +1,10 @@
 //! [`Ddp`]: distributed data parallel. Every rank holds the whole model; gradients are averaged
 //! across ranks once per optimizer step, so every rank takes the same step.
 
+mod buckets;
+
+pub use buckets::DEFAULT_BUCKET_CAP_MB;
+
 use std::marker::PhantomData;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -9,22 +13,25 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
 use crate::refuse_quorum::refuse_quorum;
-use crate::{ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateSaving};
+use crate::{ParallelError, ParallelStrategy, ProcessGroup, StateSaving};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
 /// Distributed data parallel over a [`ProcessGroup`] on the training backend's inner backend.
 ///
 /// - [`setup`](Self::setup): every rank gets rank 0's parameters (one broadcast).
-/// - [`sync_gradients`](Self::sync_gradients): one all-reduce of all gradients, flattened in
-///   the model's visit order (ranks pair parameters by position, never by `ParamId`, which
-///   differs between separately built replicas). Call it once per optimizer step, after the
-///   last micro-batch: accumulating micro-batches locally and syncing once is PyTorch's
-///   `no_sync`. A parameter with a gradient on some ranks only gets their sum / world size
-///   (zeros elsewhere, like DDP's `find_unused_parameters`); one with none stays without.
+/// - [`sync_gradients`](Self::sync_gradients): the gradients all-reduced in buckets of at most
+///   [`bucket_cap_mb`](Self::with_bucket_cap_mb) (25 MiB, as PyTorch's DDP; one bucket, the
+///   whole model flattened, when it fits), parameters paired by the model's visit order, never
+///   by `ParamId` (which differs between separately built replicas). Call it once per
+///   optimizer step, after the last micro-batch: accumulating micro-batches locally and
+///   syncing once is PyTorch's `no_sync`. A parameter with a gradient on some ranks only gets
+///   their sum / world size (zeros elsewhere, like DDP's `find_unused_parameters`); one with
+///   none stays without. A rank that has every gradient reads nothing back to the host.
 pub struct Ddp<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     group: G,
     all_reduces: u64,
+    bucket_cap_mb: f64,
     backend: PhantomData<B>,
 }
 
@@ -34,8 +41,23 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         Self {
             group,
             all_reduces: 0,
+            bucket_cap_mb: DEFAULT_BUCKET_CAP_MB,
             backend: PhantomData,
         }
+    }
+
+    /// This DDP with gradient buckets of at most `cap_mb` MiB (PyTorch's `bucket_cap_mb`;
+    /// default 25). Errors on a size that is not positive and finite.
+    pub fn with_bucket_cap_mb(mut self, cap_mb: f64) -> Result<Self, ParallelError> {
+        if !(cap_mb.is_finite() && cap_mb > 0.0) {
+            return Err(ParallelError::InvalidConfig {
+                field: "bucket_cap_mb",
+                value: cap_mb.to_string(),
+                expected: "a positive number of MiB (PyTorch's default is 25)".into(),
+            });
+        }
+        self.bucket_cap_mb = cap_mb;
+        Ok(self)
     }
 
     /// The process group.
@@ -43,7 +65,8 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         &self.group
     }
 
-    /// Gradient all-reduces done so far (one per [`sync_gradients`](Self::sync_gradients)).
+    /// Gradient all-reduces done so far (one per bucket per
+    /// [`sync_gradients`](Self::sync_gradients): one per step where the model fits a bucket).
     pub fn all_reduce_count(&self) -> u64 {
         self.all_reduces
     }
@@ -68,30 +91,35 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         };
         model.visit(&mut gather);
         let GatherGrads { parts, slots, .. } = gather;
-        let Some(device) = parts.first().map(Tensor::device) else {
+        if parts.is_empty() {
             return Ok(());
-        };
-        // One buffer: every parameter's values (zeros where this rank has no gradient), then
-        // one presence flag per parameter.
-        let presence: Vec<f32> = slots
-            .iter()
-            .map(|s| f32::from(u8::from(s.present)))
-            .collect();
-        let flags = Tensor::<Inner<B>, 1>::from_floats(presence.as_slice(), &device);
-        let buffer = Tensor::cat([parts, vec![flags]].concat(), 0);
-        let summed = self.group.all_reduce(buffer, ReduceOp::Sum)?;
-        self.all_reduces += 1;
+        }
+        let lens: Vec<usize> = slots.iter().map(|s| s.len).collect();
+        let locally: Vec<bool> = slots.iter().map(|s| s.present).collect();
+        let plan = buckets::plan(&lens, self.bucket_cap_mb);
+        let mut parts: Vec<Option<Tensor<Inner<B>, 1>>> = parts.into_iter().map(Some).collect();
+        let mut summed: Vec<Option<Tensor<Inner<B>, 1>>> = vec![None; slots.len()];
+        let mut flags = Vec::with_capacity(plan.len());
+        for bucket in &plan {
+            let bucket_parts = bucket
+                .iter()
+                .map(|&i| parts[i].take().expect("one bucket each"));
+            let present: Vec<bool> = bucket.iter().map(|&i| locally[i]).collect();
+            let reduced =
+                buckets::all_reduce_bucket(&self.group, bucket, bucket_parts.collect(), &present)?;
+            self.all_reduces += 1;
+            reduced
+                .params
+                .into_iter()
+                .for_each(|(i, v)| summed[i] = Some(v));
+            flags.push(reduced.flags);
+        }
+        let anywhere = buckets::present_anywhere(&plan, flags, &locally);
         let world = self.group.world_size() as f64;
-        let total: usize = slots.iter().map(|s| s.len).sum();
-        let flags = summed.clone().narrow(0, total, slots.len()).into_data();
-        let flags = flags.convert::<f32>().to_vec::<f32>().unwrap_or_default();
-        let mean = summed.narrow(0, 0, total).div_scalar(world);
-        model.visit(&mut ScatterGrads::<B, _, _> {
+        model.visit(&mut ScatterGrads {
             grads,
-            mean,
-            slots: slots.into_iter(),
-            flags: flags.into_iter(),
-            offset: 0,
+            slots: slots.into_iter().zip(summed).zip(anywhere),
+            world,
         });
         Ok(())
     }
@@ -266,35 +294,27 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GatherGrads<'_, B> {
 }
 
 /// Registers the averaged gradients back, for parameters some rank had a gradient for.
-struct ScatterGrads<'a, B: AutodiffBackend, S, F> {
+struct ScatterGrads<'a, S> {
     grads: &'a mut GradientsParams,
-    mean: Tensor<Inner<B>, 1>,
+    /// Each parameter's slot, summed values and whether some rank had a gradient.
     slots: S,
-    flags: F,
-    offset: usize,
+    world: f64,
 }
 
-impl<B, S, F> ModuleVisitor<B> for ScatterGrads<'_, B, S, F>
+impl<B, S> ModuleVisitor<B> for ScatterGrads<'_, S>
 where
     B: AutodiffBackend,
-    S: Iterator<Item = Slot>,
-    F: Iterator<Item = f32>,
+    S: Iterator<Item = ((Slot, Option<Tensor<Inner<B>, 1>>), bool)>,
 {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let (Some(slot), Some(flag)) = (self.slots.next(), self.flags.next()) else {
+        let Some(((slot, Some(summed)), true)) = self.slots.next() else {
             return;
         };
-        let range = self.offset..self.offset + slot.len;
-        self.offset += slot.len;
-        if flag > 0.0 {
-            let shape = param.val().shape();
-            let grad = self
-                .mean
-                .clone()
-                .slice([range])
-                .reshape(shape)
-                .cast(slot.dtype);
-            self.grads.register::<Inner<B>, D>(slot.id, grad);
-        }
+        let shape = param.val().shape();
+        let grad = summed
+            .div_scalar(self.world)
+            .reshape(shape)
+            .cast(slot.dtype);
+        self.grads.register::<Inner<B>, D>(slot.id, grad);
     }
 }
