@@ -31,6 +31,7 @@
 
 #![warn(missing_docs)]
 
+mod anchor;
 mod autodiff;
 mod derived;
 mod engine;
@@ -40,6 +41,7 @@ mod policy;
 mod scope;
 mod wrapper;
 
+pub use anchor::block_input;
 pub use derived::{BuildFn, DerivedParams, with_derived_params};
 pub use engine::{enable, is_enabled};
 pub use error::CheckpointError;

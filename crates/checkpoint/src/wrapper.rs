@@ -122,8 +122,9 @@ impl<B: Backend, T: Module<B>> Checkpointed<B, T> {
         // Reading the parameters initialises lazy ones now, before the block's seed is set:
         // an initialisation inside the seeded region would shift the block's random draws.
         // Derived parameters are not read when the block is recomputed: their sources are.
+        let input = input.into_primitive().tensor();
         let mut collect = CollectParams {
-            slots: vec![input.into_primitive().tensor()],
+            slots: vec![input.clone()],
             params: Vec::new(),
             groups: Vec::new(),
             derive: match apply {
@@ -131,7 +132,7 @@ impl<B: Backend, T: Module<B>> Checkpointed<B, T> {
                 None => Vec::new(),
             },
         };
-        self.block.visit(&mut collect);
+        crate::anchor::with_block_input::<B, _>(input, || self.block.visit(&mut collect));
         let seed = (self.replay_rng && scope::replays_rng()).then(scope::next_block_seed);
         let CollectParams {
             mut slots,

@@ -354,6 +354,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
     ];
     let rows = with_mpi_all_reduce(rows, params + tensors)?;
     let rows = with_engines(rows, params + tensors, o.quick)?;
+    let rows = with_overlap(rows, o)?;
     let rows = with_fsdp_traffic(rows)?;
     let mut md = format!(
         "DDP, backend `{}`, ViT (6 blocks, d_model 128; {params} parameters in {tensors} tensors), \
@@ -429,6 +430,55 @@ fn with_engines(mut rows: Vec<Row>, len: usize, quick: bool) -> Result<Vec<Row>,
             ));
         }
     }
+    Ok(rows)
+}
+
+/// DDP's overlap: step time over a link whose all-reduce takes as long as backward, with the
+/// buckets reduced during backward, after it, and with a free link.
+#[cfg(feature = "flex")]
+fn with_overlap(mut rows: Vec<Row>, o: &Options) -> Result<Vec<Row>, String> {
+    let m = super::overlap::measure(o.steps.max(3), o.warmup.max(1))?;
+    let what = "DDP overlap (8 checkpointed 512x512 blocks, 2 workers, bucket_cap_mb 1, slow link)";
+    let longer = m.compute_ms.max(m.communication_ms);
+    rows.extend([
+        row(&format!("{what}: backward alone"), m.backward_ms, "ms"),
+        row(
+            &format!("{what}: the gradient all-reduce over the link"),
+            m.communication_ms,
+            "ms",
+        ),
+        row(
+            &format!("{what}: step, compute alone (free link)"),
+            m.compute_ms,
+            "ms",
+        ),
+        row(
+            &format!("{what}: step, buckets reduced after backward"),
+            m.after_ms,
+            "ms",
+        ),
+        row(
+            &format!("{what}: step, buckets reduced during backward"),
+            m.during_ms,
+            "ms",
+        ),
+        row(
+            &format!("{what}: during / max(compute, communication)"),
+            m.during_ms / longer,
+            "x",
+        ),
+        row(
+            &format!("{what}: after / max(compute, communication)"),
+            m.after_ms / longer,
+            "x",
+        ),
+    ]);
+    Ok(rows)
+}
+
+/// The overlap rows need the CPU backend.
+#[cfg(not(feature = "flex"))]
+fn with_overlap(rows: Vec<Row>, _: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 

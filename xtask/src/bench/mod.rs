@@ -42,6 +42,8 @@ mod linear;
 mod localsgd;
 #[cfg(all(feature = "mpi", feature = "flex"))]
 pub mod mpi;
+#[cfg(feature = "flex")]
+pub mod overlap;
 pub mod perf;
 mod plot;
 mod precision;

@@ -34,11 +34,20 @@ built_in_strategies! {
     DiLoCo(DiLoCoConfig) = "diloco" => DiLoCo<B, SharedGroup<Group<B>>>;
 }
 
-/// One rank's strategy for `config` over its process `group`.
+/// One rank's strategy for `config` over its process `group`; DDP reduces its gradients
+/// during backward when `overlap` (one micro-batch per optimizer step).
 pub(super) fn build<B: AutodiffBackend, U: NamedStrategy<B>>(
     config: &StrategyConfig,
     group: Group<B>,
+    overlap: bool,
 ) -> Result<AnyStrategy<B, U>, AccelerateError> {
+    let ddp = |group| -> Result<_, AccelerateError> {
+        let ddp = Ddp::new(SharedGroup::new(group));
+        Ok(AnyStrategy::Ddp(match overlap {
+            true => ddp.with_overlap()?,
+            false => ddp,
+        }))
+    };
     Ok(match config {
         StrategyConfig::SingleDevice => {
             return Err(AccelerateError::invalid(
@@ -47,10 +56,10 @@ pub(super) fn build<B: AutodiffBackend, U: NamedStrategy<B>>(
                 "a multi-device strategy for a multi-device run (see --help or docs/parallel.md)",
             ));
         }
-        StrategyConfig::Ddp => AnyStrategy::Ddp(Ddp::new(SharedGroup::new(group))),
+        StrategyConfig::Ddp => ddp(group)?,
         StrategyConfig::Zero1 => AnyStrategy::Zero1(Zero1::new(SharedGroup::new(group))),
         StrategyConfig::Fsdp(fsdp) if fsdp.sharding_strategy == ShardingStrategy::NoShard => {
-            AnyStrategy::Ddp(Ddp::new(SharedGroup::new(group)))
+            ddp(group)?
         }
         StrategyConfig::Fsdp(fsdp) => {
             AnyStrategy::Fsdp(Fsdp::new(SharedGroup::new(group), fsdp.clone())?)

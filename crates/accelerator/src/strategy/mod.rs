@@ -74,7 +74,9 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
                 Ok(Self::User(named::build_user::<B, U>(registered, None)?))
             }
             (None, _) => Ok(Self::SingleDevice(SingleDevice)),
-            (Some(group), strategy) => built_in::build(strategy, group),
+            (Some(group), strategy) => {
+                built_in::build(strategy, group, config.gradient_accumulation_steps == 1)
+            }
         }
     }
 

@@ -2,18 +2,26 @@
 //! across ranks once per optimizer step, so every rank takes the same step.
 
 mod buckets;
+mod hook;
+mod reducer;
+#[cfg(test)]
+mod tests;
 
 pub use buckets::DEFAULT_BUCKET_CAP_MB;
 
+use std::sync::{Arc, Mutex, PoisonError};
+
+use reducer::{Reduced, Reducer};
+
 use std::marker::PhantomData;
 
-use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor};
 
 use crate::refuse_quorum::refuse_quorum;
-use crate::{ParallelError, ParallelStrategy, ProcessGroup, StateSaving};
+use crate::{ForwardView, ParallelError, ParallelStrategy, ProcessGroup, StateSaving};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -31,7 +39,12 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 pub struct Ddp<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     group: G,
     all_reduces: u64,
+    overlapped: u64,
     bucket_cap_mb: f64,
+    /// The communication thread, when gradients are reduced during backward.
+    reducer: Option<Arc<Reducer<Inner<B>>>>,
+    /// What the thread reduced during the last backward, until the step takes it.
+    reduced: Mutex<Option<Reduced<Inner<B>>>>,
     backend: PhantomData<B>,
 }
 
@@ -41,9 +54,58 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         Self {
             group,
             all_reduces: 0,
+            overlapped: 0,
             bucket_cap_mb: DEFAULT_BUCKET_CAP_MB,
+            reducer: None,
+            reduced: Mutex::new(None),
             backend: PhantomData,
         }
+    }
+
+    /// This DDP with its gradients all-reduced while backward runs (PyTorch DDP's overlap):
+    /// a thread sends each bucket as soon as backward has produced its gradients, on a clone
+    /// of the group. The forward pass must run on [`view`](Self::view) (the Accelerator's
+    /// `forward` does), and each backward pass must end an optimizer step's gradients: with
+    /// gradient accumulation, run the micro-batches before the last on the model itself
+    /// (PyTorch's `no_sync`). Gradients reach a bucket early when the model's blocks are
+    /// [`Checkpointed`](afterburner_checkpoint::Checkpointed) (under any checkpointing
+    /// policy, `none` included); elsewhere at the end of backward. The result is bitwise
+    /// the reduction after backward's.
+    pub fn with_overlap(mut self) -> Result<Self, ParallelError>
+    where
+        G: Clone + 'static,
+    {
+        let group: Box<dyn ProcessGroup<Inner<B>>> = Box::new(self.group.clone());
+        self.reducer = Some(Arc::new(Reducer::start(group)?));
+        Ok(self)
+    }
+
+    /// The model a forward pass runs on: under [`with_overlap`](Self::with_overlap), every
+    /// parameter behind a hook that hands its gradient to the communication thread (cast to
+    /// `compute` when given); `None` without overlap, or on a backend other than Burn's
+    /// `Autodiff` (run on the model itself).
+    pub fn view<M: Module<B>>(&self, model: &M, compute: Option<DType>) -> Option<M> {
+        let reducer = self.reducer.as_ref()?;
+        if !crate::fsdp::gather::is_burn_autodiff::<B>() {
+            return None;
+        }
+        let mut lens = ParamLens(Vec::new());
+        model.visit(&mut lens);
+        let pass = reducer.begin(lens.0, self.bucket_cap_mb);
+        Some(hook::hooked_view(model, reducer, pass, compute))
+    }
+
+    /// After a backward pass on [`view`](Self::view): sends the buckets left and waits for
+    /// them, keeping the result for [`sync_gradients`](Self::sync_gradients); the first
+    /// failure of the thread.
+    pub fn finish_backward(&self) -> Result<(), ParallelError> {
+        let Some(reducer) = &self.reducer else {
+            return Ok(());
+        };
+        if let Some(reduced) = reducer.finish()? {
+            *self.reduced.lock().unwrap_or_else(PoisonError::into_inner) = Some(reduced);
+        }
+        Ok(())
     }
 
     /// This DDP with gradient buckets of at most `cap_mb` MiB (PyTorch's `bucket_cap_mb`;
@@ -71,6 +133,12 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         self.all_reduces
     }
 
+    /// Gradient syncs whose buckets the communication thread reduced during backward (see
+    /// [`with_overlap`](Self::with_overlap)).
+    pub fn overlapped_syncs(&self) -> u64 {
+        self.overlapped
+    }
+
     /// Replaces every float parameter by rank 0's value (ids and `require_grad` kept).
     pub fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
         refuse_quorum(&self.group, "DDP")?;
@@ -96,23 +164,45 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         }
         let lens: Vec<usize> = slots.iter().map(|s| s.len).collect();
         let locally: Vec<bool> = slots.iter().map(|s| s.present).collect();
-        let plan = buckets::plan(&lens, self.bucket_cap_mb);
-        let mut parts: Vec<Option<Tensor<Inner<B>, 1>>> = parts.into_iter().map(Some).collect();
+        self.finish_backward()?;
+        let overlapped = self
+            .reduced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let (plan, reduced) = match overlapped {
+            // The same parameters as the view's (else reduce what `grads` holds).
+            Some((plan, reduced)) if plan.iter().map(Vec::len).sum::<usize>() == slots.len() => {
+                self.overlapped += 1;
+                ((*plan).clone(), reduced)
+            }
+            _ => {
+                let plan = buckets::plan(&lens, self.bucket_cap_mb);
+                let mut parts: Vec<Option<Tensor<Inner<B>, 1>>> =
+                    parts.into_iter().map(Some).collect();
+                let mut reduced = Vec::with_capacity(plan.len());
+                for bucket in &plan {
+                    let bucket_parts = bucket.iter().map(|&i| parts[i].take().expect("one each"));
+                    let present: Vec<bool> = bucket.iter().map(|&i| locally[i]).collect();
+                    reduced.push(buckets::all_reduce_bucket(
+                        &self.group,
+                        bucket,
+                        bucket_parts.collect(),
+                        &present,
+                    )?);
+                }
+                (plan, reduced)
+            }
+        };
+        self.all_reduces += reduced.len() as u64;
         let mut summed: Vec<Option<Tensor<Inner<B>, 1>>> = vec![None; slots.len()];
-        let mut flags = Vec::with_capacity(plan.len());
-        for bucket in &plan {
-            let bucket_parts = bucket
-                .iter()
-                .map(|&i| parts[i].take().expect("one bucket each"));
-            let present: Vec<bool> = bucket.iter().map(|&i| locally[i]).collect();
-            let reduced =
-                buckets::all_reduce_bucket(&self.group, bucket, bucket_parts.collect(), &present)?;
-            self.all_reduces += 1;
-            reduced
+        let mut flags = Vec::with_capacity(reduced.len());
+        for bucket in reduced {
+            bucket
                 .params
                 .into_iter()
                 .for_each(|(i, v)| summed[i] = Some(v));
-            flags.push(reduced.flags);
+            flags.push(bucket.flags);
         }
         let anywhere = buckets::present_anywhere(&plan, flags, &locally);
         let world = self.group.world_size() as f64;
@@ -185,6 +275,21 @@ where
         self.all_reduces
     }
 
+    fn forward_view<M: Module<B>>(
+        &self,
+        model: &M,
+        compute: Option<DType>,
+    ) -> Result<Option<ForwardView<B, M>>, ParallelError> {
+        Ok(self.view(model, compute).map(|model| ForwardView {
+            model,
+            derived: Vec::new(),
+        }))
+    }
+
+    fn after_backward(&self) -> Result<(), ParallelError> {
+        self.finish_backward()
+    }
+
     fn averages_gradients(&self) -> bool {
         true
     }
@@ -253,6 +358,15 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Unflatten<B> {
         let value = slice.reshape(shape).cast(tensor.dtype());
         let leaf = Tensor::from_inner(value).set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, leaf, mapper)
+    }
+}
+
+/// Each float parameter's value count, in visit order.
+struct ParamLens(Vec<usize>);
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for ParamLens {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.0.push(param.val().shape().num_elements());
     }
 }
 

@@ -1,0 +1,173 @@
+//! DDP's forward view: each parameter behind a gradient hook, an autodiff node whose forward
+//! passes the parameter on and whose backward hands its gradient to the
+//! [`Reducer`](super::reducer::Reducer) while passing it on to the parameter unchanged.
+//!
+//! Burn runs backward by node depth, deepest first, and a parameter's depth is 0: a hook on
+//! the parameter alone would run at the very end. So the view's parameters are lazy: a
+//! [`Checkpointed`](afterburner_checkpoint::Checkpointed) block reads them when it starts,
+//! with its input as the block input ([`afterburner_checkpoint::block_input`]), and the hook
+//! takes that input as a second parent (which gets no gradient from it). Its depth is then
+//! the input's plus one: below every op of the block, above every op before it, so it runs
+//! right after the block's backward, once the block's gradients are complete. A parameter
+//! read outside such a block hooks at depth 1 (it is reduced at the end).
+
+use std::sync::Arc;
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+
+use super::reducer::Reducer;
+use crate::fsdp::gather::downcast;
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+/// Burn's autodiff float primitive on inner backend `I`.
+type Tracked<I> = FloatTensor<Autodiff<I>>;
+
+/// `model` with every float parameter behind a hook of pass `pass`, cast to `compute` when
+/// given.
+pub(crate) fn hooked_view<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    reducer: &Arc<Reducer<Inner<B>>>,
+    pass: u64,
+    compute: Option<DType>,
+) -> M {
+    struct Hooks<'a, I: Backend> {
+        reducer: &'a Arc<Reducer<I>>,
+        pass: u64,
+        index: usize,
+        compute: Option<DType>,
+    }
+    impl<B: AutodiffBackend> ModuleMapper<B> for Hooks<'_, Inner<B>> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, value, _mapper) = param.consume();
+            let (index, pass, compute) = (self.index, self.pass, self.compute);
+            self.index += 1;
+            let (device, require_grad) = (value.device(), value.is_require_grad());
+            let shape: Shape = value.shape();
+            let reducer = self.reducer.clone();
+            Param::uninitialized(
+                id,
+                move |_, _| {
+                    let hooked = hook(value.clone(), index, &reducer, pass);
+                    match compute {
+                        Some(dtype) if hooked.dtype() != dtype => hooked.cast(dtype),
+                        _ => hooked,
+                    }
+                },
+                device,
+                require_grad,
+                shape,
+            )
+        }
+    }
+    model.clone().map(&mut Hooks {
+        reducer,
+        pass,
+        index: 0,
+        compute,
+    })
+}
+
+/// `value` behind a hook for parameter `index` (unchanged where `B` is not Burn's autodiff or
+/// `value` needs no gradient).
+fn hook<B: AutodiffBackend, const D: usize>(
+    value: Tensor<B, D>,
+    index: usize,
+    reducer: &Arc<Reducer<Inner<B>>>,
+    pass: u64,
+) -> Tensor<B, D> {
+    if !value.is_require_grad() {
+        return value;
+    }
+    let primitive = value.clone().into_primitive().tensor();
+    let Some(param) = downcast::<_, Tracked<Inner<B>>>(primitive) else {
+        return value;
+    };
+    let state = HookState {
+        reducer: reducer.clone(),
+        pass,
+        index,
+    };
+    let anchor =
+        afterburner_checkpoint::block_input::<B>().and_then(downcast::<_, Tracked<Inner<B>>>);
+    let inner = param.primitive.clone();
+    let out = match anchor {
+        Some(anchor) => finish(
+            HookNode::<2>.prepare::<NoCheckpointing>([param.node.clone(), anchor.node.clone()]),
+            state,
+            inner,
+        ),
+        None => finish(
+            HookNode::<1>.prepare::<NoCheckpointing>([param.node.clone()]),
+            state,
+            inner,
+        ),
+    };
+    let out = downcast::<_, FloatTensor<B>>(out).expect("B is Burn's Autodiff (checked above)");
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+fn finish<I: Backend, const N: usize>(
+    prep: burn::backend::autodiff::ops::OpsPrep<HookNode<N>, I, HookState<I>, NoCheckpointing, N>,
+    state: HookState<I>,
+    inner: FloatTensor<I>,
+) -> Tracked<I> {
+    match prep.compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(state, inner),
+        OpsKind::UnTracked(prep) => prep.finish(inner),
+    }
+}
+
+/// The hook's backward node (`N` parents: the parameter, and the block input when there is
+/// one).
+#[derive(Debug)]
+struct HookNode<const N: usize>;
+
+struct HookState<I: Backend> {
+    reducer: Arc<Reducer<I>>,
+    pass: u64,
+    index: usize,
+}
+
+impl<I: Backend> Clone for HookState<I> {
+    fn clone(&self) -> Self {
+        Self {
+            reducer: self.reducer.clone(),
+            pass: self.pass,
+            index: self.index,
+        }
+    }
+}
+
+impl<I: Backend> std::fmt::Debug for HookState<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookState")
+            .field("pass", &self.pass)
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+impl<I: Backend, const N: usize> Backward<I, N> for HookNode<N> {
+    type State = HookState<I>;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<I>(&ops.node);
+        let Some(param) = &ops.parents[0] else {
+            return;
+        };
+        let state = ops.state;
+        let numel = burn::tensor::TensorMetadata::shape(&grad).num_elements();
+        let flat = I::float_reshape(grad.clone(), Shape::new([numel]));
+        let flat = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat)).cast(DType::F32);
+        state.reducer.ready(state.pass, state.index, flat);
+        grads.register::<I>(param.id, grad);
+    }
+}
