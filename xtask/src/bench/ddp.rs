@@ -353,8 +353,7 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
         ),
     ];
     let rows = with_mpi_all_reduce(rows, params + tensors)?;
-    let rows = with_engines(rows, params + tensors, o.quick)?;
-    let rows = with_overlap(rows, o)?;
+    let rows = with_engines_and_overlap(rows, params + tensors, o)?;
     let rows = with_fsdp_traffic(rows)?;
     let mut md = format!(
         "DDP, backend `{}`, ViT (6 blocks, d_model 128; {params} parameters in {tensors} tensors), \
@@ -403,88 +402,23 @@ fn with_mpi_all_reduce(rows: Vec<Row>, _len: usize) -> Result<Vec<Row>, String> 
     Ok(rows)
 }
 
-/// The engines between worker processes (star, ring, MPI with feature `mpi`) at 2 and 4
-/// processes: one step's gradient all-reduce and, unless `quick`, a 16 MiB one.
+/// The rows of the engines between processes and of DDP's overlap (engines.rs, overlap.rs).
 #[cfg(feature = "flex")]
-fn with_engines(mut rows: Vec<Row>, len: usize, quick: bool) -> Result<Vec<Row>, String> {
-    let mut sizes = vec![(len, 20, "one step's gradients")];
-    if !quick {
-        sizes.push((1 << 22, 5, "16 MiB"));
-    }
-    for (len, reps, what) in sizes {
-        for m in super::engines::measure(len, reps)? {
-            let name = format!(
-                "all_reduce of {what} ({len} values), {} worker processes on loopback, {}",
-                m.processes,
-                match m.engine {
-                    "star" => "star through the lighthouse",
-                    "ring" => "ring between the ranks",
-                    _ => "Open MPI",
-                }
-            );
-            rows.push(row(&name, m.ms, "ms"));
-            rows.push(row(
-                &format!("{name}: value bytes sent per rank"),
-                m.bytes_per_rank,
-                "B",
-            ));
-        }
+fn with_engines_and_overlap(rows: Vec<Row>, len: usize, o: &Options) -> Result<Vec<Row>, String> {
+    let mut rows = rows;
+    let measured = [
+        super::engines::rows(len, o.quick)?,
+        super::overlap::rows(o.steps.max(3), o.warmup.max(1))?,
+    ];
+    for (scenario, value, unit) in measured.into_iter().flatten() {
+        rows.push(row(&scenario, value, unit));
     }
     Ok(rows)
 }
 
-/// DDP's overlap: step time over a link whose all-reduce takes as long as backward, with the
-/// buckets reduced during backward, after it, and with a free link.
-#[cfg(feature = "flex")]
-fn with_overlap(mut rows: Vec<Row>, o: &Options) -> Result<Vec<Row>, String> {
-    let m = super::overlap::measure(o.steps.max(3), o.warmup.max(1))?;
-    let what = "DDP overlap (8 checkpointed 512x512 blocks, 2 workers, bucket_cap_mb 1, slow link)";
-    let longer = m.compute_ms.max(m.communication_ms);
-    rows.extend([
-        row(&format!("{what}: backward alone"), m.backward_ms, "ms"),
-        row(
-            &format!("{what}: the gradient all-reduce over the link"),
-            m.communication_ms,
-            "ms",
-        ),
-        row(
-            &format!("{what}: step, compute alone (free link)"),
-            m.compute_ms,
-            "ms",
-        ),
-        row(
-            &format!("{what}: step, buckets reduced after backward"),
-            m.after_ms,
-            "ms",
-        ),
-        row(
-            &format!("{what}: step, buckets reduced during backward"),
-            m.during_ms,
-            "ms",
-        ),
-        row(
-            &format!("{what}: during / max(compute, communication)"),
-            m.during_ms / longer,
-            "x",
-        ),
-        row(
-            &format!("{what}: after / max(compute, communication)"),
-            m.after_ms / longer,
-            "x",
-        ),
-    ]);
-    Ok(rows)
-}
-
-/// The overlap rows need the CPU backend.
+/// These rows need the CPU backend.
 #[cfg(not(feature = "flex"))]
-fn with_overlap(rows: Vec<Row>, _: &Options) -> Result<Vec<Row>, String> {
-    Ok(rows)
-}
-
-/// The engine rows need the CPU backend.
-#[cfg(not(feature = "flex"))]
-fn with_engines(rows: Vec<Row>, _: usize, _: bool) -> Result<Vec<Row>, String> {
+fn with_engines_and_overlap(rows: Vec<Row>, _: usize, _: &Options) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 

@@ -156,3 +156,41 @@ pub fn rank(args: &[String]) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The suite's rows (scenario, value, unit): one step's gradients (`len` values) and, unless
+/// `quick`, 16 MiB, at 2 and 4 processes.
+pub fn rows(len: usize, quick: bool) -> Result<Vec<(String, f64, &'static str)>, String> {
+    let mut sizes = vec![(len, 20, "one step's gradients")];
+    if !quick {
+        sizes.push((1 << 22, 5, "16 MiB"));
+    }
+    let mut rows = Vec::new();
+    for (len, reps, what) in sizes {
+        for m in measure(len, reps)? {
+            let name = format!(
+                "all_reduce of {what} ({len} values), {} worker processes on loopback, {}",
+                m.processes,
+                match m.engine {
+                    "star" => "star through the lighthouse",
+                    "ring" => "ring between the ranks",
+                    _ => "Open MPI",
+                }
+            );
+            rows.push((
+                format!("{name}: value bytes sent per rank"),
+                m.bytes_per_rank,
+                "B",
+            ));
+            if m.engine == "star" {
+                let hub = (m.processes * 4 * len) as f64;
+                rows.push((
+                    format!("{name}: value bytes the lighthouse sends"),
+                    hub,
+                    "B",
+                ));
+            }
+            rows.push((name, m.ms, "ms"));
+        }
+    }
+    Ok(rows)
+}

@@ -154,3 +154,43 @@ fn run(
     .map_err(|e| e.to_string())?;
     timed.into_iter().next().ok_or_else(|| "no rank".into())
 }
+
+/// The suite's rows (scenario, value, unit).
+pub fn rows(steps: usize, warmup: usize) -> Result<Vec<(String, f64, &'static str)>, String> {
+    let m = measure(steps, warmup)?;
+    let what = "DDP overlap (8 checkpointed 512x512 blocks, 2 workers, bucket_cap_mb 1, slow link)";
+    let longer = m.compute_ms.max(m.communication_ms);
+    Ok(vec![
+        (format!("{what}: backward alone"), m.backward_ms, "ms"),
+        (
+            format!("{what}: the gradient all-reduce over the link"),
+            m.communication_ms,
+            "ms",
+        ),
+        (
+            format!("{what}: step, compute alone (free link)"),
+            m.compute_ms,
+            "ms",
+        ),
+        (
+            format!("{what}: step, buckets reduced after backward"),
+            m.after_ms,
+            "ms",
+        ),
+        (
+            format!("{what}: step, buckets reduced during backward"),
+            m.during_ms,
+            "ms",
+        ),
+        (
+            format!("{what}: during / max(compute, communication)"),
+            m.during_ms / longer,
+            "x",
+        ),
+        (
+            format!("{what}: after / max(compute, communication)"),
+            m.after_ms / longer,
+            "x",
+        ),
+    ])
+}

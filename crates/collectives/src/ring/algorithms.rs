@@ -130,12 +130,13 @@ impl Pass<'_> {
         }
     }
 
-    fn link(&self, peer: usize) -> Link {
-        Link {
-            me: self.me,
-            from: peer,
-            timeout: self.timeout,
-        }
+    /// The links to the next and the previous member (for errors), and the streams; `None`
+    /// in a ring of one.
+    fn neighbours(&mut self) -> Option<(Link, Link, &mut Links)> {
+        let (me, timeout) = (self.me, self.timeout);
+        let links = self.links.as_deref_mut()?;
+        let link = |from| Link { me, from, timeout };
+        Some((link(links.next_replica), link(links.prev_replica), links))
     }
 
     /// Sends `send` as block `sent` to the next member while receiving block `received` from
@@ -146,15 +147,9 @@ impl Pass<'_> {
         (received, count): (usize, Option<usize>),
     ) -> Result<Vec<f32>, ParallelError> {
         let (header, expected) = (self.header(sent, None), self.header(received, count));
-        let Some((next_replica, prev_replica)) = self
-            .links
-            .as_deref()
-            .map(|l| (l.next_replica, l.prev_replica))
-        else {
+        let Some((to_next, from_prev, links)) = self.neighbours() else {
             return Ok(send.to_vec());
         };
-        let (to_next, from_prev) = (self.link(next_replica), self.link(prev_replica));
-        let links = self.links.as_deref_mut().expect("checked above");
         let (next, prev) = (&mut links.next, &mut links.prev);
         let (written, received) = std::thread::scope(|scope| {
             let writer = scope.spawn(move || frames::write_block(next, header, send));
@@ -238,22 +233,18 @@ impl Pass<'_> {
                 ),
             });
         }
-        let Some((next_replica, prev_replica)) = self
-            .links
-            .as_deref()
-            .map(|l| (l.next_replica, l.prev_replica))
-        else {
-            return Ok(values.unwrap_or_default());
-        };
-        let (to_next, from_prev) = (self.link(next_replica), self.link(prev_replica));
-        let links = self.links.as_deref_mut().expect("checked above");
-        let forwards = (p + 1) % n != root;
+        let (generation, op) = (self.generation, self.op);
         let header = |index: usize, count| Expected {
-            generation: self.generation,
-            op: self.op,
+            generation,
+            op,
             index: index as u64,
             count,
         };
+        let mut sent = 0;
+        let Some((to_next, from_prev, links)) = self.neighbours() else {
+            return Ok(values.unwrap_or_default());
+        };
+        let forwards = (p + 1) % n != root;
         let len = match &values {
             Some(values) => values.len(),
             None => frames::read_length(&mut links.prev, header(0, None), from_prev)? as usize,
@@ -277,9 +268,10 @@ impl Pass<'_> {
                     &out[range.clone()],
                 )
                 .map_err(|e| frames::broken(e, to_next))?;
-                *self.sent += 4 * range.len() as u64;
+                sent += 4 * range.len() as u64;
             }
         }
+        *self.sent += sent;
         Ok(out)
     }
 }

@@ -43,8 +43,15 @@ pub(crate) struct Reducer<I: Backend> {
 }
 
 impl<I: Backend> Drop for Reducer<I> {
+    /// Lets a bucket on the wire finish (its collective bounds the wait), then stops the
+    /// thread: a worker never returns while its thread still calls a collective.
     fn drop(&mut self) {
-        self.lock().stop = true;
+        let mut pass = self.lock();
+        while pass.sending {
+            pass = self.wait(pass);
+        }
+        pass.stop = true;
+        drop(pass);
         self.shared.1.notify_all();
     }
 }

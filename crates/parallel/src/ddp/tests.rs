@@ -58,7 +58,9 @@ fn gradients_reach_the_thread_block_by_block_during_backward() {
             let view = ddp.view(&model, None).ok_or("no view")?;
             let x = Tensor::<B, 2>::random([4, 8], Distribution::Default, &device);
             view.forward(x).sum().backward();
-            Ok(ddp.reducer.as_ref().unwrap().arrived())
+            let arrived = ddp.reducer.as_ref().unwrap().arrived();
+            ddp.finish_backward().map_err(|e| e.to_string())?;
+            Ok(arrived)
         })
         .unwrap();
     // Visit order: block 0's weight and bias are 0 and 1, block 2's are 4 and 5.
