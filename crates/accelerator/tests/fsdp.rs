@@ -148,6 +148,26 @@ fn grad_op_bf16_and_checkpointing_compose() {
 }
 
 #[test]
+fn ddp_overlapped_with_backward_equals_fsdp_and_composes_with_checkpointing() {
+    let _rng = rng_lock();
+    // One micro-batch per step: DDP reduces its buckets during backward (the demo ViT's
+    // blocks are Checkpointed); FSDP reduce-scatters inside backward, synchronously.
+    let one = |strategy, policy| AcceleratorConfig {
+        gradient_accumulation_steps: 1,
+        gradient_checkpointing: policy,
+        ..config(strategy)
+    };
+    let ddp = train(one("ddp", CheckpointPolicy::None), 2);
+    let recomputed = train(one("ddp", CheckpointPolicy::All), 2);
+    let fsdp = train(one("fsdp", CheckpointPolicy::None), 2);
+    assert_eq!(ddp[0].0, ddp[1].0, "replicas identical");
+    assert_eq!(ddp[0].0, recomputed[0].0, "checkpointing changes no bit");
+    let err = max_rel(&fsdp[0].0, &ddp[0].0, 1e-3);
+    println!("ddp overlapped vs fsdp, one micro-batch per step: {err:e}");
+    assert!(err <= 1e-5, "{err}");
+}
+
+#[test]
 fn a_rank_failing_mid_step_stops_every_rank() {
     let _rng = rng_lock();
     let initial = vit(8);
