@@ -63,11 +63,15 @@ pub(super) struct DataPlane {
     retired: u64,
     /// A group failing together: its first failure.
     sticky: Option<ParallelError>,
+    /// How long one ring exchange waits: half the lighthouse's collective timeout, so that
+    /// after a ring fails every member reaches the lighthouse's next round before its
+    /// deadline (the round's clock starts with the first member that failed fast).
     timeout: Duration,
 }
 
 impl DataPlane {
-    /// Listens for peers on the address that reaches the lighthouse and tells the lighthouse.
+    /// Listens for peers on the address that reaches the lighthouse and tells the lighthouse;
+    /// `timeout` is the lighthouse's collective timeout.
     pub fn open(
         coordinator: &Arc<dyn Coordinator>,
         session: &Session,
@@ -80,7 +84,7 @@ impl DataPlane {
             ring: None,
             retired: 0,
             sticky: None,
-            timeout,
+            timeout: (timeout / 2).max(Duration::from_millis(1)),
         })
     }
 

@@ -10,7 +10,8 @@
 //! - Every frame carries the membership's generation ([`Reply::generation`]); a frame of an
 //!   old generation is refused by name. A ring is built for one generation and rebuilt when
 //!   the membership changes.
-//! - Each read and write waits at most the collective timeout. The first failure is sticky:
+//! - Each read and write waits at most the given timeout (a quorum group gives half its
+//!   collective timeout). The first failure is sticky:
 //!   the ring drops its links (its neighbours see them close at once) and every later call on
 //!   it returns the same error.
 //!
