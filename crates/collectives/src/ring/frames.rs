@@ -30,13 +30,21 @@ pub(crate) fn write_block(
     header: Expected,
     values: &[f32],
 ) -> io::Result<()> {
-    let mut out = header_bytes(header, values.len() as u64, values.len());
-    values
-        .iter()
-        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+    let mut out = header_bytes(header, values.len() as u64, PIECE.min(values.len()));
+    // In pieces that stay in cache: the values are converted as they go out.
+    for piece in values.chunks(PIECE) {
+        piece
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+        writer.write_all(&out)?;
+        out.clear();
+    }
     writer.write_all(&out)?;
     writer.flush()
 }
+
+/// Values converted and moved at a time (256 KiB).
+const PIECE: usize = 1 << 16;
 
 /// A header carrying `count`, in a buffer with room for `values` values after it.
 fn header_bytes(header: Expected, count: u64, values: usize) -> Vec<u8> {
@@ -79,12 +87,19 @@ pub(crate) fn read_block(
             ),
         });
     }
-    let mut raw = vec![0u8; count as usize * 4];
-    reader.read_exact(&mut raw).map_err(|e| broken(e, link))?;
-    Ok(raw
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    let count = count as usize;
+    let mut values = Vec::with_capacity(count);
+    let mut raw = vec![0u8; 4 * PIECE.min(count)];
+    while values.len() < count {
+        let piece = &mut raw[..4 * PIECE.min(count - values.len())];
+        reader.read_exact(piece).map_err(|e| broken(e, link))?;
+        values.extend(
+            piece
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+    }
+    Ok(values)
 }
 
 /// The error of a link that failed while reading from or writing to `link.from`.
