@@ -22,6 +22,9 @@ struct Pass<I: Backend> {
     lens: Vec<usize>,
     plan: Arc<Vec<Vec<usize>>>,
     grads: Vec<Option<Tensor<I, 1>>>,
+    /// Where the gradients are (from the first one handed over): a missing one's zeros go
+    /// there, even once every handed-over gradient has been sent.
+    device: Option<I::Device>,
     /// The next bucket to send.
     next: usize,
     /// A bucket is on the wire.
@@ -65,6 +68,7 @@ impl<I: Backend> Reducer<I> {
                 lens: Vec::new(),
                 plan: Arc::new(Vec::new()),
                 grads: Vec::new(),
+                device: None,
                 next: 0,
                 sending: false,
                 flushing: false,
@@ -104,6 +108,7 @@ impl<I: Backend> Reducer<I> {
         }
         pass.id += 1;
         pass.grads = vec![None; lens.len()];
+        pass.device = None;
         pass.lens = lens;
         pass.next = 0;
         pass.flushing = false;
@@ -120,6 +125,7 @@ impl<I: Backend> Reducer<I> {
         if pass.id != id || index >= pass.grads.len() {
             return;
         }
+        pass.device.get_or_insert_with(|| grad.device());
         pass.grads[index] = Some(grad);
         pass.arrived.push(index);
         pass.fired = true;
@@ -168,21 +174,17 @@ fn run<I: Backend>(group: &dyn ProcessGroup<I>, shared: &(Mutex<Pass<I>>, Condva
         if pass.stop {
             return;
         }
-        let Some(bucket) = pass.plan.get(pass.next).cloned().filter(|bucket| {
+        // A hook fired in this pass, so the device is known.
+        let ready = pass.plan.get(pass.next).cloned().filter(|bucket| {
             pass.failure.is_none()
-                && (pass.flushing || bucket.iter().all(|&i| pass.grads[i].is_some()))
-                && pass.grads.len() == pass.lens.len()
                 && pass.fired
-        }) else {
+                && (pass.flushing || bucket.iter().all(|&i| pass.grads[i].is_some()))
+        });
+        let (Some(bucket), Some(device)) = (ready, pass.device.clone()) else {
             pass = changed.wait(pass).unwrap_or_else(PoisonError::into_inner);
             continue;
         };
         let id = pass.id;
-        let device = pass.grads.iter().flatten().next().map(Tensor::device);
-        let Some(device) = device else {
-            pass = changed.wait(pass).unwrap_or_else(PoisonError::into_inner);
-            continue;
-        };
         let present: Vec<bool> = bucket.iter().map(|&i| pass.grads[i].is_some()).collect();
         let parts: Vec<Tensor<I, 1>> = bucket
             .iter()

@@ -125,3 +125,46 @@ fn overlapped_steps_equal_the_reduction_after_backward_bitwise() {
         "reduced by the thread, or after backward"
     );
 }
+
+/// [`Net`] with a layer the forward pass never uses, visited first: its buckets go last.
+#[derive(Module, Debug)]
+struct WithUnused<B: Backend> {
+    unused: Linear<B>,
+    net: Net<B>,
+}
+
+#[test]
+fn buckets_of_parameters_without_gradients_go_out_after_the_others() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let result = launch::<Flex, _, String, _>(
+            vec![Default::default()],
+            LaunchConfig::default(),
+            |group| {
+                let device = Default::default();
+                let mut ddp = Ddp::<B, _>::new(crate::SharedGroup::new(group))
+                    .with_bucket_cap_mb(1e-6)
+                    .map_err(|e| e.to_string())?
+                    .with_overlap()
+                    .map_err(|e| e.to_string())?;
+                let model = WithUnused {
+                    unused: LinearConfig::new(8, 8).init(&device),
+                    net: Net::<B>::new(&device),
+                };
+                let view = ddp.view(&model, None).ok_or("no view")?;
+                let x = Tensor::<B, 2>::random([4, 8], Distribution::Default, &device);
+                let loss = view.net.forward(x).sum();
+                let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+                ddp.sync_gradients(&model, &mut grads)
+                    .map_err(|e| e.to_string())?;
+                Ok((grads.len(), ddp.overlapped_syncs()))
+            },
+        );
+        let _ = done.send(result);
+    });
+    let result = finished
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the sync finishes (the unused layer's buckets go out with zeros)");
+    // The unused layer's weight and bias get no gradient; the 3 blocks' 6 parameters do.
+    assert_eq!(result.unwrap()[0], (6, 1));
+}
