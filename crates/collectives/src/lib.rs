@@ -6,9 +6,10 @@
 //! - Engines: [`LocalGroup`] + [`launch`] (one worker thread per device, collectives by
 //!   `burn-collective`, a failure record and a watchdog so a failing or hanging worker makes
 //!   every other one return an error); `MpiGroup` + `launch_mpi` (feature `mpi`: one rank per
-//!   process under `mpirun`); [`QuorumGroup`] (a fault-tolerant replica group over
-//!   afterburner-rendezvous's [`Lighthouse`], on threads through [`LocalReplicas`] or over TCP
-//!   through [`connect_tcp`]; [`LaunchedGroup::connect`] for a worker of `afterburner launch`).
+//!   process under `mpirun`); [`QuorumGroup`] (a fault-tolerant replica group: membership from
+//!   afterburner-rendezvous's [`Lighthouse`], values over a TCP ring between the members
+//!   (ring/), on threads through [`LocalReplicas`] or over TCP through [`connect_tcp`];
+//!   [`LaunchedGroup::connect`] for a worker of `afterburner launch`).
 //! - Decorators: [`Counted`] (the values a rank sends, [`Traffic`]), [`SharedGroup`] (one group
 //!   shared by several users), [`SlowLink`] (a simulated link for benchmarks), and a boxed
 //!   group; each says what it does before a call (decorator.rs's `Decorator`) and gets every

@@ -154,10 +154,9 @@ impl Handle {
         let mut failures = 0;
         loop {
             let reply = self.begin(op, values.as_deref())?;
+            // A failed attempt dropped its ring; a kept one is rebuilt when the members changed.
             let stale = plane.ring.as_ref().is_none_or(|ring| {
-                ring.generation() != reply.generation
-                    || ring.failed().is_some()
-                    || ring.members() != reply.members
+                ring.generation() != reply.generation || ring.members() != reply.members
             });
             let attempt = match stale {
                 true => self.rebuild(plane, &reply),

@@ -1,6 +1,7 @@
 //! [`QuorumGroup`]: one replica's handle on a fault-tolerant group, a [`ProcessGroup`] whose
-//! collectives are over the replicas present (through a [`Lighthouse`], in this process or
-//! over TCP: both a [`Coordinator`]).
+//! collectives are over the replicas present: who is present comes from a [`Lighthouse`] (in
+//! this process or over TCP: both a [`Coordinator`]), the values go over a ring between them
+//! (data_plane.rs).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -9,7 +9,8 @@
 //! - [`QuorumGroup`]: one replica's [`ProcessGroup`](crate::ProcessGroup), from
 //!   [`LocalReplicas::replica`] (threads of one process) or [`connect_tcp`] (processes, to a
 //!   [`LighthouseServer`](crate::LighthouseServer)). The lighthouse, its server and wire are afterburner-rendezvous's
-//!   (no Burn), re-exported here.
+//!   (no Burn), re-exported here; the values go over a ring between the members present
+//!   (data_plane.rs), not through the lighthouse.
 //! - Rejoin: a replica that connects once the run has started is a joiner. Its strategy's
 //!   `join` waits for a live replica's state (afterburner-parallel's `receive_live_state`);
 //!   the live replicas send it after their next sync (`donate_live_state`), and the joiner

@@ -162,11 +162,6 @@ impl Ring {
         &self.members
     }
 
-    /// Whether a call failed (every later one returns that error).
-    pub fn failed(&self) -> Option<&ParallelError> {
-        self.failed.as_ref()
-    }
-
     /// Value bytes this member sent over the ring so far.
     pub fn bytes_sent(&self) -> u64 {
         self.sent
