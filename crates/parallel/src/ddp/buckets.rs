@@ -69,6 +69,26 @@ pub(crate) fn all_reduce_bucket<I: Backend, G: ProcessGroup<I> + ?Sized>(
     })
 }
 
+/// Every bucket of `plan`, in order: `parts` are the parameters' flat f32 gradients in visit
+/// order (zeros where this rank has none), `locally` whether this rank has each.
+pub(crate) fn all_reduce_buckets<I: Backend, G: ProcessGroup<I> + ?Sized>(
+    group: &G,
+    plan: &[Vec<usize>],
+    parts: Vec<Tensor<I, 1>>,
+    locally: &[bool],
+) -> Result<Vec<Summed<I>>, ParallelError> {
+    let mut parts: Vec<Option<Tensor<I, 1>>> = parts.into_iter().map(Some).collect();
+    plan.iter()
+        .map(|bucket| {
+            let bucket_parts = bucket
+                .iter()
+                .map(|&i| parts[i].take().expect("one bucket each"));
+            let present: Vec<bool> = bucket.iter().map(|&i| locally[i]).collect();
+            all_reduce_bucket(group, bucket, bucket_parts.collect(), &present)
+        })
+        .collect()
+}
+
 /// Whether some rank had a gradient for each of `count` parameters: where this rank had all
 /// of them, every one (no read); else the buckets' summed flags, read in one go.
 pub(crate) fn present_anywhere<I: Backend>(

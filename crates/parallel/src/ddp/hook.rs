@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -24,11 +23,9 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 
 use super::reducer::Reducer;
-use crate::fsdp::gather::downcast;
+use crate::fsdp::gather::{Tracked, downcast};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
-/// Burn's autodiff float primitive on inner backend `I`.
-type Tracked<I> = FloatTensor<Autodiff<I>>;
 
 /// `model` with every float parameter behind a hook of pass `pass`, cast to `compute` when
 /// given.

@@ -174,23 +174,11 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
             // The same parameters as the view's (else reduce what `grads` holds).
             Some((plan, reduced)) if plan.iter().map(Vec::len).sum::<usize>() == slots.len() => {
                 self.overlapped += 1;
-                ((*plan).clone(), reduced)
+                (plan, reduced)
             }
             _ => {
-                let plan = buckets::plan(&lens, self.bucket_cap_mb);
-                let mut parts: Vec<Option<Tensor<Inner<B>, 1>>> =
-                    parts.into_iter().map(Some).collect();
-                let mut reduced = Vec::with_capacity(plan.len());
-                for bucket in &plan {
-                    let bucket_parts = bucket.iter().map(|&i| parts[i].take().expect("one each"));
-                    let present: Vec<bool> = bucket.iter().map(|&i| locally[i]).collect();
-                    reduced.push(buckets::all_reduce_bucket(
-                        &self.group,
-                        bucket,
-                        bucket_parts.collect(),
-                        &present,
-                    )?);
-                }
+                let plan = Arc::new(buckets::plan(&lens, self.bucket_cap_mb));
+                let reduced = buckets::all_reduce_buckets(&self.group, &plan, parts, &locally)?;
                 (plan, reduced)
             }
         };

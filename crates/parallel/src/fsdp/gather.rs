@@ -26,7 +26,7 @@ use crate::{ParallelError, ProcessGroup, ReduceOp, SharedGroup};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 /// Burn's autodiff float primitive on inner backend `I`.
-type Tracked<I> = FloatTensor<Autodiff<I>>;
+pub(crate) type Tracked<I> = FloatTensor<Autodiff<I>>;
 
 /// Collective counters of an FSDP run.
 #[derive(Debug, Default)]
