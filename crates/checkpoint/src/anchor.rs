@@ -4,17 +4,17 @@
 //! the node right after the block's own backward instead of at the very end (Burn orders the
 //! backward by each node's depth, and a parameter's own depth is 0).
 
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use crate::scope::Restore;
+use crate::scope::{ByBackend, with_value};
 
 thread_local! {
-    static INPUT: RefCell<HashMap<TypeId, Box<dyn Any>>> = RefCell::new(HashMap::new());
+    static INPUT: ByBackend = RefCell::new(HashMap::new());
 }
 
 /// The input of the checkpointed block whose parameters are being read on this thread, on
@@ -32,13 +32,5 @@ pub(crate) fn with_block_input<B: Backend, R>(
     input: FloatTensor<B>,
     read: impl FnOnce() -> R,
 ) -> R {
-    let key = TypeId::of::<B>();
-    let mut saved = Some(INPUT.with_borrow_mut(|map| map.insert(key, Box::new(input))));
-    let _restore = Restore(move || {
-        INPUT.with_borrow_mut(|map| match saved.take().flatten() {
-            Some(previous) => map.insert(key, previous),
-            None => map.remove(&key),
-        });
-    });
-    read()
+    with_value::<B, _>(&INPUT, Box::new(input), read)
 }

@@ -4,7 +4,7 @@
 //! drops them after, and builds them again in the recompute: the gathered parameters live only
 //! while their block runs (PyTorch FSDP's `reshard_after_forward`).
 
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use burn::module::ParamId;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use crate::scope::Restore;
+use crate::scope::{ByBackend, with_value};
 
 /// Builds a group's parameter values from its sources (called with tracked sources in the
 /// recompute, so its ops must be differentiable).
@@ -33,7 +33,7 @@ pub struct DerivedParams<B: Backend> {
 type Groups<B> = HashMap<ParamId, (Arc<DerivedParams<B>>, usize)>;
 
 thread_local! {
-    static DERIVED: RefCell<HashMap<TypeId, Box<dyn Any>>> = RefCell::new(HashMap::new());
+    static DERIVED: ByBackend = RefCell::new(HashMap::new());
 }
 
 /// Runs `forward` with `groups` declared: checkpointed blocks that recompute and hold one of
@@ -49,15 +49,7 @@ pub fn with_derived_params<B: Backend, R>(
             by_id.insert(*id, (group.clone(), position));
         }
     }
-    let key = TypeId::of::<B>();
-    let mut saved = Some(DERIVED.with_borrow_mut(|map| map.insert(key, Box::new(by_id))));
-    let _restore = Restore(move || {
-        DERIVED.with_borrow_mut(|map| match saved.take().flatten() {
-            Some(previous) => map.insert(key, previous),
-            None => map.remove(&key),
-        });
-    });
-    forward()
+    with_value::<B, _>(&DERIVED, Box::new(by_id), forward)
 }
 
 /// The group parameter `id` belongs to in the current scope, and its position in the group.

@@ -2,8 +2,11 @@
 //! that `every-<k>` needs, whether we are inside a recomputed region, and the seed stream that
 //! makes randomness inside a block replay identically.
 
+use std::any::{Any, TypeId};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::thread::LocalKey;
 
 use crate::{BlockKind, CheckpointPolicy};
 
@@ -146,7 +149,6 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Runs a closure on drop (also when unwinding).
 /// Runs its closure when dropped (restores a scope, also on unwinding).
 pub(crate) struct Restore<F: FnMut()>(pub(crate) F);
 
@@ -154,6 +156,27 @@ impl<F: FnMut()> Drop for Restore<F> {
     fn drop(&mut self) {
         (self.0)()
     }
+}
+
+/// A thread's values, one per backend type (each box holds that backend's value).
+pub(crate) type ByBackend = RefCell<HashMap<TypeId, Box<dyn Any>>>;
+
+/// Runs `run` with `value` as `slot`'s value for backend `B`, putting back what was there
+/// after (also on unwinding).
+pub(crate) fn with_value<B: 'static, R>(
+    slot: &'static LocalKey<ByBackend>,
+    value: Box<dyn Any>,
+    run: impl FnOnce() -> R,
+) -> R {
+    let key = TypeId::of::<B>();
+    let mut saved = Some(slot.with_borrow_mut(|map| map.insert(key, value)));
+    let _restore = Restore(move || {
+        slot.with_borrow_mut(|map| match saved.take().flatten() {
+            Some(previous) => map.insert(key, previous),
+            None => map.remove(&key),
+        });
+    });
+    run()
 }
 
 #[cfg(test)]
