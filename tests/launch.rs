@@ -232,6 +232,7 @@ fn when_the_lighthouse_dies_every_worker_ends_with_a_named_error() {
             restart_count: 0,
             policy: Some(afterburner::parallel::RestartPolicy::Replica),
             collective_timeout: Duration::from_secs(10),
+            engine: Default::default(),
         };
         let mut worker = Command::new(example("vit_classify"))
             .args(["--strategy", "diloco", "--diloco.sync-every", "5"])

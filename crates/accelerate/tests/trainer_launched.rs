@@ -24,6 +24,7 @@ fn only_worker(server: &LighthouseServer, policy: RestartPolicy, timeout: Durati
         restart_count: 0,
         policy: Some(policy),
         collective_timeout: timeout,
+        engine: Default::default(),
     }
 }
 

@@ -33,6 +33,8 @@ mod loopback;
 mod mesh_groups;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "mpi")]
+mod mpi_joined;
 mod quorum;
 mod ring;
 mod shared;

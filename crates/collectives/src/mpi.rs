@@ -23,21 +23,7 @@ use mpi::{Count, Threading};
 use crate::group::all_gather_by_broadcasts;
 use crate::{LaunchConfig, ParallelError, ProcessGroup, ReduceOp};
 
-/// `mpirun` flags for a job on one machine: allowed as root, more ranks than cores, TCP on the
-/// loopback interface only. Use: `mpirun <flags> -np 2 <program>`.
-pub const LOOPBACK_MPIRUN_FLAGS: &[&str] = &[
-    "--allow-run-as-root",
-    "--oversubscribe",
-    "--mca",
-    "btl",
-    "self,tcp",
-    "--mca",
-    "btl_tcp_if_include",
-    "lo",
-    "--mca",
-    "oob_tcp_if_include",
-    "lo",
-];
+pub use afterburner_rendezvous::engine::LOOPBACK_MPIRUN_FLAGS;
 
 /// How often the watchdog looks at the collective in flight.
 const WATCHDOG_POLL: Duration = Duration::from_millis(100);
@@ -55,6 +41,9 @@ pub struct MpiGroup<B: Backend> {
     /// The most elements one MPI call moves: MPI counts are 32-bit, so longer buffers go in
     /// pieces of at most this many.
     max_count: usize,
+    /// A rank of `afterburner launch --engine mpi` keeps its connection to the launch's
+    /// lighthouse (the control plane: its declaration, its presence) while it runs.
+    pub(crate) control: Option<afterburner_rendezvous::Connection>,
 }
 
 /// The largest element count of one MPI call (MPI's `int` count).
@@ -361,16 +350,8 @@ where
 {
     let universe = init()?;
     let world = universe.world();
-    let (rank, size) = (world.rank() as usize, world.size() as usize);
-    abort_job_on_panic();
-    let group = MpiGroup {
-        rank,
-        size,
-        device,
-        watchdog: Watchdog::start(rank, config.timeout),
-        max_count: MAX_MPI_COUNT,
-    };
-    tracing::info!(rank, world_size = size, "MPI rank ready");
+    let group = MpiGroup::ready(device, config.timeout);
+    let rank = group.rank;
     match worker(group) {
         Ok(result) => {
             drop(universe); // MPI_Finalize
@@ -383,7 +364,27 @@ where
     }
 }
 
-fn init() -> Result<Universe, ParallelError> {
+impl<B: Backend> MpiGroup<B> {
+    /// This rank of the MPI world, once MPI is initialised: a panic anywhere now ends the job,
+    /// and a collective waiting longer than `timeout` aborts it.
+    pub(crate) fn ready(device: B::Device, timeout: Duration) -> Self {
+        let world = world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        abort_job_on_panic();
+        tracing::info!(rank, world_size = size, "MPI rank ready");
+        MpiGroup {
+            rank,
+            size,
+            device,
+            watchdog: Watchdog::start(rank, timeout),
+            max_count: MAX_MPI_COUNT,
+            control: None,
+        }
+    }
+}
+
+/// Initialises MPI for this process (once: a second call errs).
+pub(crate) fn init() -> Result<Universe, ParallelError> {
     let err = |reason: &str| ParallelError::Collective {
         op: "MPI_Init_thread",
         rank: 0,

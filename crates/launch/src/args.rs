@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use afterburner_rendezvous::{RestartPolicy, launched};
+use afterburner_rendezvous::{Engine, RestartPolicy, launched};
 use clap::{Arg, ArgAction, Command, value_parser};
 
 use crate::LaunchError;
@@ -18,6 +18,16 @@ pub enum PolicyChoice {
     Auto,
     /// The one given.
     Fixed(RestartPolicy),
+}
+
+/// Which engine a launch runs on (docs/launch.md, "Which engine").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// `mpi` where Open MPI's `mpirun` is on the PATH and the launch can use it (one node, a
+    /// restart policy other than `replica`), else `tcp`.
+    Auto,
+    /// The one given.
+    Fixed(Engine),
 }
 
 /// What `afterburner launch` was asked to do.
@@ -35,6 +45,8 @@ pub struct LaunchArgs {
     pub max_restarts: u32,
     /// The restart policy.
     pub policy: PolicyChoice,
+    /// What starts the workers and moves their values.
+    pub engine: EngineChoice,
     /// How long a collective waits for a late rank.
     pub collective_timeout: Duration,
     /// How long workers get to stop after a forwarded signal before they are killed.
@@ -110,6 +122,22 @@ fn command() -> Command {
                 )
                 .value_parser(["auto", "all", "replica"])
                 .default_value("auto"),
+        )
+        .arg(
+            Arg::new("engine")
+                .long("engine")
+                .value_name("ENGINE")
+                .help(
+                    "what starts the workers and moves their values: `tcp` (the launcher starts \
+                     each worker; collectives over a TCP ring between them; every strategy), \
+                     `mpi` (each attempt is one `mpirun` job: collectives over Open MPI in a \
+                     program built with feature `mpi`; DDP, ZeRO-1, FSDP, tensor parallel on \
+                     one node), or `auto` (`mpi` where mpirun is installed and the launch can \
+                     use it, else `tcp`; a strategy whose replicas heal alone then moves to \
+                     `tcp` once it declares itself)",
+                )
+                .value_parser(["tcp", "mpi", "auto"])
+                .default_value("tcp"),
         )
         .arg(
             number(
@@ -203,6 +231,11 @@ where
         Some("replica") => PolicyChoice::Fixed(RestartPolicy::Replica),
         _ => PolicyChoice::Auto,
     };
+    let engine = match m.get_one::<String>("engine").map(String::as_str) {
+        Some("mpi") => EngineChoice::Fixed(Engine::Mpi),
+        Some("auto") => EngineChoice::Auto,
+        _ => EngineChoice::Fixed(Engine::Tcp),
+    };
     Ok(LaunchArgs {
         nproc,
         nnodes,
@@ -210,6 +243,7 @@ where
         rdzv,
         max_restarts: m.get_one::<u32>("max-restarts").copied().unwrap_or(0),
         policy,
+        engine,
         collective_timeout: seconds(m, "collective-timeout", 300),
         stop_timeout: seconds(m, "stop-timeout", 60),
         program: m

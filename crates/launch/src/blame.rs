@@ -61,7 +61,7 @@ pub(crate) fn blame(
         .find(|d| d.timed_out && !failed.iter().any(|(rank, _)| *rank == d.replica));
     let mut causes: Vec<String> = failed
         .iter()
-        .map(|(rank, status)| format!("rank {rank} {}", describe(*status)))
+        .map(|(rank, status)| format!("{} {}", name(workers, *rank), describe(*status)))
         .collect();
     let mut rank = failed[0].0;
     if let Some(stalled) = stalled
@@ -83,4 +83,23 @@ pub(crate) fn blame(
         message = format!("{message}; then {}", causes.join(", "));
     }
     Ok(Blame { rank, message })
+}
+
+/// How messages call the worker of `rank`: `rank N`, or for an `mpirun` job that name with
+/// what mpirun said of the rank that ended it (`process rank 2 ... exited on signal 9`).
+fn name(workers: &[Worker], rank: usize) -> String {
+    let Some(worker) = workers.iter().find(|w| w.rank == rank) else {
+        return format!("rank {rank}");
+    };
+    let noticed = worker
+        .last_output()
+        .into_iter()
+        .find(|line| line.contains("process rank"));
+    match (worker.is_job(), noticed) {
+        (true, Some(line)) => {
+            let said = line.trim_start_matches("[mpirun]").trim();
+            format!("{} ({said})", worker.name())
+        }
+        _ => worker.name(),
+    }
 }

@@ -23,11 +23,12 @@
 mod args;
 mod blame;
 mod error;
+mod mpi_job;
 mod pids;
 mod supervise;
 mod worker;
 
-pub use args::{LaunchArgs, PolicyChoice, parse_args};
+pub use args::{EngineChoice, LaunchArgs, PolicyChoice, parse_args};
 pub use error::LaunchError;
 pub use pids::{kill_worker, launched_workers};
 pub use supervise::launch;

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use afterburner_rendezvous::launched::token;
 use afterburner_rendezvous::{
-    Launched, LighthouseServer, RestartPolicy, Settled, ask_restart_policy, launched,
+    Engine, Launched, LighthouseServer, RestartPolicy, Settled, ask_restart_policy, launched,
 };
 
 use crate::LaunchError;
-use crate::args::{LaunchArgs, PolicyChoice};
+use crate::args::{EngineChoice, LaunchArgs, PolicyChoice};
 use crate::blame::{Blame, blame};
 use crate::worker::{Worker, describe, exit_code};
 
@@ -39,6 +39,7 @@ pub fn launch(args: &LaunchArgs) -> Result<i32, LaunchError> {
         PolicyChoice::Fixed(policy) => Some(policy),
         PolicyChoice::Auto => None,
     };
+    let engine = crate::mpi_job::engine(args)?;
     let signals = Signals::catch()?;
     let policy = match given {
         Some(policy) => format!("`{policy}`"),
@@ -46,7 +47,7 @@ pub fn launch(args: &LaunchArgs) -> Result<i32, LaunchError> {
     };
     eprintln!(
         "afterburner launch: {} worker(s) on this node, {} in all, restart policy {policy}, \
-         --max-restarts {}",
+         --max-restarts {}, engine `{engine}`",
         args.nproc,
         args.nproc * args.nnodes,
         args.max_restarts
@@ -59,15 +60,27 @@ pub fn launch(args: &LaunchArgs) -> Result<i32, LaunchError> {
         restarts: 0,
         restarts_of: vec![0; args.nproc],
         announced: given,
+        engine,
     };
     loop {
         let server = serve(args, given, &launch.address, launch.restarts > 0)?;
         if let Some(server) = &server {
             launch.address = retarget(&launch.address, server);
         }
-        let mut workers = start(args, given, &launch.address, &launch.restarts_of)?;
+        let mut workers = match launch.engine {
+            Engine::Tcp => start(args, given, &launch.address, &launch.restarts_of)?,
+            Engine::Mpi => {
+                let job = place(args, given, &launch.address, 0, launch.restarts_of[0]);
+                let job = Launched {
+                    engine: Engine::Mpi,
+                    ..job
+                };
+                vec![Worker::start_job(crate::mpi_job::command(args, &job)?)?]
+            }
+        };
         match launch.watch(server.as_ref(), &mut workers)? {
             Watched::Ended(code) => return Ok(code),
+            Watched::OnTcp => drop(server),
             Watched::RestartAll => {
                 drop(server);
                 launch.restarts_of.iter_mut().for_each(|r| *r += 1);
@@ -89,6 +102,9 @@ enum Watched {
     Ended(i32),
     /// A worker failed under the `all` policy: start every worker again.
     RestartAll,
+    /// The workers' strategy heals alone, which mpirun cannot serve: start them again on the
+    /// `tcp` engine (not a restart: nothing has trained yet).
+    OnTcp,
 }
 
 /// The launch's state across its rendezvous.
@@ -105,6 +121,8 @@ struct Supervisor<'a> {
     restarts_of: Vec<u32>,
     /// The policy last printed.
     announced: Option<RestartPolicy>,
+    /// The engine the workers run on.
+    engine: Engine,
 }
 
 impl Supervisor<'_> {
@@ -124,6 +142,9 @@ impl Supervisor<'_> {
             }
             if let Some(settled) = server.and_then(|s| s.lighthouse().restart_policy()) {
                 self.announce(&settled);
+                if self.engine == Engine::Mpi && settled.policy == RestartPolicy::Replica {
+                    return self.leave_mpi(workers, &settled);
+                }
             }
             for local in 0..workers.len() {
                 let Some(status) = workers[local].poll()? else {
@@ -169,6 +190,30 @@ impl Supervisor<'_> {
             }
             None => RestartPolicy::All,
         }
+    }
+
+    /// The workers under mpirun declared a strategy whose replicas heal alone (settled
+    /// `replica`): under `--engine auto` they start again on `tcp`; under `--engine mpi`
+    /// the launch fails naming why.
+    fn leave_mpi(
+        &mut self,
+        workers: &mut [Worker],
+        settled: &Settled,
+    ) -> Result<Watched, LaunchError> {
+        end_all(workers, Duration::ZERO);
+        let why = format!(
+            "{} declared a strategy whose replicas heal alone (restart policy `replica`), which \
+             mpirun cannot serve: it stops the whole job when a rank dies",
+            settled.by
+        );
+        if self.args.engine == EngineChoice::Fixed(Engine::Mpi) {
+            return Err(LaunchError::Usage(format!(
+                "--engine mpi: {why}; use --engine tcp or auto"
+            )));
+        }
+        eprintln!("afterburner launch: {why}; starting the workers again on the tcp engine");
+        self.engine = Engine::Tcp;
+        Ok(Watched::OnTcp)
     }
 
     /// Prints the settled policy once (again when it changes).
@@ -338,6 +383,7 @@ fn place(
         restart_count,
         policy,
         collective_timeout: args.collective_timeout,
+        engine: Engine::Tcp,
     }
 }
 

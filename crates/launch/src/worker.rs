@@ -1,6 +1,7 @@
 //! One worker process: started with its rank's environment in a process group of its own,
 //! its output copied line by line with a `[rank N]` prefix, its last lines kept for the
-//! error message, signalled and reaped.
+//! error message, signalled and reaped. Under the `mpi` engine the one "worker" is the
+//! attempt's `mpirun` job, whose ranks are its children.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -27,6 +28,8 @@ pub(crate) struct Worker {
     tail: Arc<Mutex<VecDeque<String>>>,
     /// Its exit status, once reaped.
     pub status: Option<ExitStatus>,
+    /// Whether it is an `mpirun` job (its ranks are its children, each in its own group).
+    job: bool,
 }
 
 impl Worker {
@@ -36,9 +39,40 @@ impl Worker {
             .split_first()
             .ok_or_else(|| LaunchError::Usage("no PROGRAM to launch".into()))?;
         let mut command = Command::new(name);
+        command.args(args).envs(launched.to_vars());
+        let prefix = Some(format!("[rank {}] ", launched.rank));
+        Self::spawn(command, &name.to_string_lossy(), launched.rank, prefix)
+    }
+
+    /// Starts an attempt's `mpirun` job (`command`, from the `mpi_job` module): its ranks'
+    /// tagged lines are printed as the workers' (`[rank N] ...`).
+    pub fn start_job(command: Command) -> Result<Self, LaunchError> {
+        let mut job = Self::spawn(command, "mpirun", 0, None)?;
+        job.job = true;
+        Ok(job)
+    }
+
+    /// Whether it is an attempt's `mpirun` job.
+    pub fn is_job(&self) -> bool {
+        self.job
+    }
+
+    /// What messages call it: `rank N`, or `the mpirun job`.
+    pub fn name(&self) -> String {
+        match self.job {
+            true => "the mpirun job".into(),
+            false => format!("rank {}", self.rank),
+        }
+    }
+
+    /// Starts `command` as rank `rank` (`prefix` for its lines; `None`: mpirun's tags).
+    fn spawn(
+        mut command: Command,
+        name: &str,
+        rank: usize,
+        prefix: Option<String>,
+    ) -> Result<Self, LaunchError> {
         command
-            .args(args)
-            .envs(launched.to_vars())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -46,7 +80,7 @@ impl Worker {
             // forwards it, and a stop reaches the worker's own children too.
             .process_group(0);
         let mut child = command.spawn().map_err(|e| LaunchError::Program {
-            program: name.to_string_lossy().into_owned(),
+            program: name.to_string(),
             reason: match e.kind() {
                 std::io::ErrorKind::NotFound => {
                     "no such program (not a path to a file, not on PATH)".into()
@@ -56,7 +90,6 @@ impl Worker {
             },
         })?;
         let tail = Arc::new(Mutex::new(VecDeque::new()));
-        let prefix = format!("[rank {}] ", launched.rank);
         let mut pumps = Vec::new();
         if let Some(out) = child.stdout.take() {
             pumps.push(pump(out, prefix.clone(), None, false));
@@ -65,11 +98,12 @@ impl Worker {
             pumps.push(pump(err, prefix, Some(tail.clone()), true));
         }
         Ok(Self {
-            rank: launched.rank,
+            rank,
             child,
             pumps,
             tail,
             status: None,
+            job: false,
         })
     }
 
@@ -89,14 +123,25 @@ impl Worker {
         !matches!(self.poll(), Ok(Some(_)))
     }
 
-    /// Sends `signal` to its process group (it and its children).
+    /// Sends `signal` to its process group (it and its children). To an `mpirun` job: to
+    /// its ranks (each in a group of its own), so they stop (and save) as workers do; a
+    /// SIGKILL reaches `mpirun` too.
     pub fn signal(&self, signal: i32) {
-        if self.status.is_none() {
-            let group = self.child.id() as i32;
+        if self.status.is_some() {
+            return;
+        }
+        let mut groups = match self.job {
+            true => children(self.child.id()),
+            false => Vec::new(),
+        };
+        if !self.job || signal == libc::SIGKILL {
+            groups.push(self.child.id());
+        }
+        for group in groups {
             // SAFETY: kill(2) with a negative pid signals that process group; no memory is
             // shared. A group that is already gone answers ESRCH, which is fine.
             unsafe {
-                libc::kill(-group, signal);
+                libc::kill(-(group as i32), signal);
             }
         }
     }
@@ -131,6 +176,22 @@ impl Drop for Worker {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The pids of `parent`'s children (Linux's `/proc`; empty where it cannot be read).
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid ...`: the parent follows the last `)`.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after.split_whitespace().nth(1) == Some(parent.to_string().as_str())
+        })
+        .collect()
 }
 
 /// What an exit status says, for messages: "exited with code 3", "was killed by signal 9".
@@ -175,11 +236,11 @@ fn signal_name(signal: i32) -> &'static str {
     }
 }
 
-/// Copies `from` line by line to the launcher's stdout (or stderr), each line prefixed; keeps
-/// the last lines in `tail`.
+/// Copies `from` line by line to the launcher's stdout (or stderr), each line prefixed (`None`:
+/// `mpirun`'s rank tags rewritten as the launcher's); keeps the last lines in `tail`.
 fn pump(
     from: impl Read + Send + 'static,
-    prefix: String,
+    prefix: Option<String>,
     tail: Option<Arc<Mutex<VecDeque<String>>>>,
     to_stderr: bool,
 ) -> JoinHandle<()> {
@@ -194,7 +255,10 @@ fn pump(
             }
             let text = String::from_utf8_lossy(&line);
             let text = text.trim_end_matches(['\n', '\r']);
-            let written = format!("{prefix}{text}\n");
+            let written = match &prefix {
+                Some(prefix) => format!("{prefix}{text}\n"),
+                None => format!("{}\n", crate::mpi_job::retag(text)),
+            };
             let _ = match to_stderr {
                 true => std::io::stderr().lock().write_all(written.as_bytes()),
                 false => std::io::stdout().lock().write_all(written.as_bytes()),
@@ -204,7 +268,10 @@ fn pump(
                 if tail.len() == TAIL_LINES {
                     tail.pop_front();
                 }
-                tail.push_back(text.to_string());
+                tail.push_back(match &prefix {
+                    Some(_) => text.to_string(),
+                    None => crate::mpi_job::retag(text),
+                });
             }
         }
     })

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use crate::{PolicyRule, QuorumConfig, RendezvousError};
+use crate::engine::ENGINE;
+use crate::{Engine, PolicyRule, QuorumConfig, RendezvousError};
 
 /// The global rank of this worker (torchrun's name).
 pub const RANK: &str = "RANK";
@@ -131,6 +132,9 @@ pub struct Launched {
     pub policy: Option<RestartPolicy>,
     /// How long a collective waits for a late rank.
     pub collective_timeout: Duration,
+    /// What started the workers and moves their values: under [`Engine::Mpi`] the rank and
+    /// sizes are Open MPI's variables (`OMPI_COMM_WORLD_RANK`, ...), not torchrun's.
+    pub engine: Engine,
 }
 
 impl Launched {
@@ -148,10 +152,17 @@ impl Launched {
         let Some(lighthouse) = var(LIGHTHOUSE) else {
             return Ok(None);
         };
+        let engine = match var(ENGINE) {
+            None => Engine::Tcp,
+            Some(value) => value.parse()?,
+        };
+        // Under mpirun the per-rank values are Open MPI's variables.
         let number = |name: &'static str| -> Result<u64, RendezvousError> {
+            let name = engine.place_variable(name);
             let value = var(name).ok_or_else(|| invalid(name, "unset".into()))?;
             value.trim().parse().map_err(|_| invalid(name, value))
         };
+        let set = |name: &'static str| var(engine.place_variable(name)).is_some();
         let policy = match var(RESTART_POLICY) {
             None => None,
             Some(value) if value.trim().eq_ignore_ascii_case(AUTO) => None,
@@ -173,15 +184,40 @@ impl Launched {
         let launched = Self {
             rank: number(RANK)? as usize,
             world_size: number(WORLD_SIZE)? as usize,
-            local_rank: var(LOCAL_RANK).map_or(Ok(0), |_| number(LOCAL_RANK))? as usize,
-            local_world_size: var(LOCAL_WORLD_SIZE).map_or(Ok(1), |_| number(LOCAL_WORLD_SIZE))?
-                as usize,
-            node_rank: var(NODE_RANK).map_or(Ok(0), |_| number(NODE_RANK))? as usize,
+            local_rank: if set(LOCAL_RANK) {
+                number(LOCAL_RANK)?
+            } else {
+                0
+            } as usize,
+            local_world_size: if set(LOCAL_WORLD_SIZE) {
+                number(LOCAL_WORLD_SIZE)?
+            } else {
+                1
+            } as usize,
+            node_rank: if set(NODE_RANK) {
+                number(NODE_RANK)?
+            } else {
+                0
+            } as usize,
             lighthouse,
             restart_count: var(RESTART_COUNT).map_or(Ok(0), |_| number(RESTART_COUNT))? as u32,
             policy,
             collective_timeout,
+            engine,
         };
+        if engine == Engine::Mpi
+            && let Some(given) = var(WORLD_SIZE)
+            && given.trim() != launched.world_size.to_string()
+        {
+            return Err(invalid(
+                WORLD_SIZE,
+                format!(
+                    "{given}, while mpirun started {} ranks ({})",
+                    launched.world_size,
+                    engine.place_variable(WORLD_SIZE)
+                ),
+            ));
+        }
         if launched.local_world_size == 0 || launched.local_rank >= launched.local_world_size {
             return Err(invalid(
                 LOCAL_WORLD_SIZE,
@@ -200,18 +236,26 @@ impl Launched {
         Ok(Some(launched))
     }
 
-    /// The variables that give a worker this place (what the launcher sets).
+    /// The variables that give a worker this place (what the launcher sets). Under
+    /// [`Engine::Mpi`] the ranks are `mpirun`'s to give: only what every rank shares is
+    /// written (no `RANK`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `NODE_RANK`).
     pub fn to_vars(&self) -> Vec<(&'static str, String)> {
         let (host, port) = self
             .lighthouse
             .rsplit_once(':')
             .unwrap_or((self.lighthouse.as_str(), ""));
-        vec![
-            (RANK, self.rank.to_string()),
+        let mut vars = match self.engine {
+            Engine::Tcp => vec![
+                (RANK, self.rank.to_string()),
+                (LOCAL_RANK, self.local_rank.to_string()),
+                (LOCAL_WORLD_SIZE, self.local_world_size.to_string()),
+                (NODE_RANK, self.node_rank.to_string()),
+            ],
+            Engine::Mpi => Vec::new(),
+        };
+        vars.extend([
+            (ENGINE, self.engine.to_string()),
             (WORLD_SIZE, self.world_size.to_string()),
-            (LOCAL_RANK, self.local_rank.to_string()),
-            (LOCAL_WORLD_SIZE, self.local_world_size.to_string()),
-            (NODE_RANK, self.node_rank.to_string()),
             (MASTER_ADDR, host.to_string()),
             (MASTER_PORT, port.to_string()),
             (LIGHTHOUSE, self.lighthouse.clone()),
@@ -224,7 +268,8 @@ impl Launched {
                 COLLECTIVE_TIMEOUT_S,
                 self.collective_timeout.as_secs_f64().to_string(),
             ),
-        ]
+        ]);
+        vars
     }
 
     /// The lighthouse settings a launcher serves for `world_size` workers: the restart policy
@@ -288,6 +333,7 @@ mod tests {
             restart_count: 2,
             policy: Some(RestartPolicy::Replica),
             collective_timeout: Duration::from_secs(30),
+            engine: Engine::Tcp,
         };
         let written = launched.to_vars();
         let pairs: Vec<(&str, &str)> = written.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -331,6 +377,55 @@ mod tests {
         }
         assert_eq!(timeout(604800.0), Some(Duration::from_secs(604800)));
         assert_eq!(timeout(1e300), None);
+    }
+
+    /// Under `mpirun` the rank and sizes are Open MPI's; the launcher writes none of them.
+    #[test]
+    fn a_rank_started_by_mpirun_reads_open_mpis_variables() {
+        use crate::engine::{MPI_LOCAL_RANK, MPI_LOCAL_SIZE, MPI_RANK, MPI_WORLD_SIZE};
+        let job = Launched {
+            rank: 0,
+            world_size: 4,
+            local_rank: 0,
+            local_world_size: 1,
+            node_rank: 0,
+            lighthouse: "127.0.0.1:29500".into(),
+            restart_count: 1,
+            policy: None,
+            collective_timeout: Duration::from_secs(30),
+            engine: Engine::Mpi,
+        };
+        let written = job.to_vars();
+        let names: Vec<&str> = written.iter().map(|(k, _)| *k).collect();
+        for per_rank in [RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK] {
+            assert!(!names.contains(&per_rank), "{per_rank} written for mpirun");
+        }
+        let mut pairs: Vec<(&str, &str)> = written.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        pairs.extend([
+            (MPI_RANK, "3"),
+            (MPI_WORLD_SIZE, "4"),
+            (MPI_LOCAL_RANK, "1"),
+            (MPI_LOCAL_SIZE, "2"),
+        ]);
+        let read = Launched::from_vars(vars(&pairs)).unwrap().unwrap();
+        assert_eq!(
+            (
+                read.rank,
+                read.world_size,
+                read.local_rank,
+                read.local_world_size
+            ),
+            (3, 4, 1, 2)
+        );
+        assert_eq!((read.engine, read.restart_count), (Engine::Mpi, 1));
+        // Outside mpirun, or with another job's size, the variable is named.
+        let outside: Vec<(&str, &str)> = written.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let error = Launched::from_vars(vars(&outside)).unwrap_err().to_string();
+        assert!(error.contains(MPI_RANK), "{error}");
+        pairs.retain(|(k, _)| *k != MPI_WORLD_SIZE);
+        pairs.push((MPI_WORLD_SIZE, "8"));
+        let error = Launched::from_vars(vars(&pairs)).unwrap_err().to_string();
+        assert!(error.contains("mpirun started 8 ranks"), "{error}");
     }
 
     #[test]

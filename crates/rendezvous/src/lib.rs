@@ -28,6 +28,7 @@
 mod agreement;
 mod config;
 mod coordinator;
+pub mod engine;
 mod error;
 pub mod launched;
 mod lighthouse;
@@ -38,6 +39,7 @@ pub mod wire;
 pub use agreement::{Declaration, PolicyRule, Settled};
 pub use config::QuorumConfig;
 pub use coordinator::Coordinator;
+pub use engine::Engine;
 pub use error::RendezvousError;
 pub use launched::{Launched, RestartPolicy};
 pub use lighthouse::{Departure, Donation, Lighthouse, Reply, Session};

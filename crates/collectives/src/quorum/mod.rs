@@ -28,7 +28,7 @@ mod tcp;
 pub use group::{LocalReplicas, QuorumGroup};
 #[cfg(feature = "testing")]
 pub use scenario::{FailAndRestart, ReplicaRun, fail_and_restart};
-pub(crate) use tcp::connect_declaring;
+pub(crate) use tcp::group_of;
 pub use tcp::{connect_tcp, connect_tcp_with_token};
 
 use crate::ParallelError;

@@ -5,7 +5,7 @@
 use std::net::ToSocketAddrs;
 use std::time::Duration;
 
-use afterburner_rendezvous::Declaration;
+use afterburner_rendezvous::{Connection, Declaration};
 use burn::tensor::backend::Backend;
 
 use super::QuorumGroup;
@@ -35,9 +35,8 @@ pub fn connect_tcp_with_token<B: Backend>(
     connect_declaring(address, replica, device, wait, token, None)
 }
 
-/// [`connect_tcp_with_token`] presenting what the worker runs (`declaration`) to a launch's
-/// lighthouse, which refuses a strategy that does not fit the launch's restart policy.
-pub(crate) fn connect_declaring<B: Backend>(
+/// [`connect_tcp_with_token`] without a declaration.
+fn connect_declaring<B: Backend>(
     address: impl ToSocketAddrs,
     replica: usize,
     device: &B::Device,
@@ -46,6 +45,15 @@ pub(crate) fn connect_declaring<B: Backend>(
     declaration: Option<&Declaration>,
 ) -> Result<QuorumGroup<B>, ParallelError> {
     let connection = afterburner_rendezvous::connect(address, replica, wait, token, declaration)?;
+    group_of(connection, device)
+}
+
+/// The quorum group of a replica `connection` to its lighthouse made (a launched worker's,
+/// which presented its declaration).
+pub(crate) fn group_of<B: Backend>(
+    connection: Connection,
+    device: &B::Device,
+) -> Result<QuorumGroup<B>, ParallelError> {
     QuorumGroup::new(
         connection.coordinator,
         connection.session,
