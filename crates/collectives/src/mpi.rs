@@ -1,9 +1,10 @@
 //! The multi-process engine: [`MpiGroup`], one rank per process, over MPI (Open MPI through the
 //! `mpi` crate). Feature `mpi`; needs `libopenmpi-dev`, `openmpi-bin` and `libclang-dev`.
 //!
-//! Start the program with `mpirun` (one process per device; `--host a:4,b:4` for nodes, like a
-//! torchrun job) and call [`launch_mpi`] once: it reads the rank and world size from the MPI
-//! environment. Failures end the whole job with an error instead of a hang: a worker that
+//! Start the program with `afterburner launch --engine mpi` (the Accelerator then joins with
+//! [`MpiGroup::joined`], and the launcher restarts the job after a failure), or with `mpirun`
+//! by hand (one process per device; `--host a:4,b:4` for nodes, like a torchrun job) and call
+//! [`launch_mpi`] once: it reads the rank and world size from the MPI environment. Failures end the whole job with an error instead of a hang: a worker that
 //! returns an error or panics calls `MPI_Abort`, and a collective that waits longer than the
 //! timeout aborts its process, after which `mpirun` stops the others.
 

@@ -17,6 +17,11 @@
 //!   from the last committed checkpoint.
 //! - `replica` (Local SGD, DiLoCo): only the dead worker starts again; it is healed from a
 //!   live replica while the others go on.
+//!
+//! Two engines (`--engine`): `tcp` (the default) starts each worker itself and their values go
+//! over a TCP ring between them; `mpi` starts each attempt as one `mpirun` job (collectives over
+//! Open MPI in a program built with feature `mpi`) and starts it again whole after a failure;
+//! `auto` takes `mpi` where `mpirun` is installed and the launch can use it.
 
 #![warn(missing_docs)]
 
