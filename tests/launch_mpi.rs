@@ -86,7 +86,7 @@ fn a_strategy_that_heals_alone_is_refused_by_mpi_and_moved_to_tcp_by_auto() {
     args.extend(["--output-dir", out.to_str().unwrap()]);
     let error = launch(&parse_args(args).unwrap()).unwrap_err().to_string();
     assert!(
-        error.contains("--engine mpi") && error.contains("heal alone"),
+        error.contains("--engine mpi") && error.contains("heals alone"),
         "{error}"
     );
 

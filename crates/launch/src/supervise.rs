@@ -62,8 +62,11 @@ pub fn launch(args: &LaunchArgs) -> Result<i32, LaunchError> {
         announced: given,
         engine,
     };
+    // After the first attempt the last one's port may still be held a moment: serve retries.
+    let mut again = false;
     loop {
-        let server = serve(args, given, &launch.address, launch.restarts > 0)?;
+        let server = serve(args, given, &launch.address, again)?;
+        again = true;
         if let Some(server) = &server {
             launch.address = retarget(&launch.address, server);
         }
@@ -202,8 +205,8 @@ impl Supervisor<'_> {
     ) -> Result<Watched, LaunchError> {
         end_all(workers, Duration::ZERO);
         let why = format!(
-            "{} declared a strategy whose replicas heal alone (restart policy `replica`), which \
-             mpirun cannot serve: it stops the whole job when a rank dies",
+            "{} heals alone (restart policy `replica`), which mpirun cannot serve: it stops \
+             the whole job when a rank dies",
             settled.by
         );
         if self.args.engine == EngineChoice::Fixed(Engine::Mpi) {
