@@ -97,3 +97,40 @@ fn a_strategy_that_heals_alone_is_refused_by_mpi_and_moved_to_tcp_by_auto() {
     assert!(out.join("model.safetensors").exists());
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// ZeRO-1 and FSDP under mpirun train the model the tcp engine trains: bitwise on 2 ranks (a
+/// sum of two values is the same in either order; at more ranks MPI's order and the ring's
+/// differ, and the models agree within rounding).
+#[test]
+fn zero1_and_fsdp_under_mpirun_train_what_the_ring_trains() {
+    let short = ["--max-steps", "20", "--save-strategy", "no"];
+    for strategy in ["zero-1", "fsdp"] {
+        let mut trainer = vec!["--strategy", strategy];
+        trainer.extend(short);
+        let models: Vec<Vec<f32>> = ["tcp", "mpi"]
+            .iter()
+            .map(|engine| {
+                let out = fresh(&format!("{strategy}-{engine}"));
+                let launcher = ["--engine", engine, "--nproc", "2"];
+                assert_eq!(
+                    launch_vit(&launcher, &trainer, &out),
+                    0,
+                    "{strategy} {engine}"
+                );
+                let bytes = tensor_bytes(&out.join("model.safetensors"));
+                let _ = std::fs::remove_dir_all(out);
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(models[0].len(), models[1].len());
+        let differing = models[0]
+            .iter()
+            .zip(&models[1])
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differing, 0, "{strategy}: tcp and mpi models differ");
+    }
+}
