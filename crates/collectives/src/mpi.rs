@@ -4,9 +4,10 @@
 //! Start the program with `afterburner launch --engine mpi` (the Accelerator then joins with
 //! [`MpiGroup::joined`], and the launcher restarts the job after a failure), or with `mpirun`
 //! by hand (one process per device; `--host a:4,b:4` for nodes, like a torchrun job) and call
-//! [`launch_mpi`] once: it reads the rank and world size from the MPI environment. Failures end the whole job with an error instead of a hang: a worker that
-//! returns an error or panics calls `MPI_Abort`, and a collective that waits longer than the
-//! timeout aborts its process, after which `mpirun` stops the others.
+//! [`launch_mpi`] once: it reads the rank and world size from the MPI environment. Failures
+//! end the whole job with an error instead of a hang: a worker that returns an error or panics
+//! calls `MPI_Abort`, and a collective that waits longer than the timeout aborts its process,
+//! after which `mpirun` stops the others.
 
 use std::fmt::Display;
 use std::sync::{Arc, Mutex, Once, PoisonError};

@@ -14,25 +14,27 @@ use crate::LaunchError;
 use crate::args::{EngineChoice, LaunchArgs, PolicyChoice};
 
 /// The Debian/Ubuntu packages of Open MPI's `mpirun`.
-pub(crate) const MPI_INSTALL: &str = "sudo apt-get install -y openmpi-bin libopenmpi-dev";
+const MPI_INSTALL: &str = "sudo apt-get install -y openmpi-bin libopenmpi-dev";
 
 /// The engine a launch runs on: the one given, or under `auto` the `mpi` engine where `mpirun`
 /// is on the PATH and the launch can use it (one node, a restart policy other than
 /// `replica`), else `tcp`. `--engine mpi` where it cannot serve is an error naming why.
 pub(crate) fn engine(args: &LaunchArgs) -> Result<Engine, LaunchError> {
     let replica = args.policy == PolicyChoice::Fixed(RestartPolicy::Replica);
-    let why_not = match () {
-        _ if replica => Some(
+    let why_not = if replica {
+        Some(
             "--restart-policy replica restarts one worker alone, which mpirun cannot do (it \
              stops the whole job when a rank dies): use --engine tcp"
                 .to_string(),
-        ),
-        _ if args.nnodes > 1 => Some(
-            "the mpi engine runs a job from one launcher (node 0's mpirun reaches the other \
-             hosts): start it with --nnodes 1, or use --engine tcp"
+        )
+    } else if args.nnodes > 1 {
+        Some(
+            "the mpi engine runs on one node (several hosts under one launcher's mpirun are \
+             not wired yet): use --engine tcp"
                 .to_string(),
-        ),
-        _ => mpirun().err(),
+        )
+    } else {
+        mpirun().err()
     };
     match (args.engine, why_not) {
         (EngineChoice::Fixed(engine), None) => Ok(engine),

@@ -47,9 +47,7 @@ impl Worker {
     /// Starts an attempt's `mpirun` job (`command`, from the `mpi_job` module): its ranks'
     /// tagged lines are printed as the workers' (`[rank N] ...`).
     pub fn start_job(command: Command) -> Result<Self, LaunchError> {
-        let mut job = Self::spawn(command, "mpirun", 0, None)?;
-        job.job = true;
-        Ok(job)
+        Self::spawn(command, "mpirun", 0, None)
     }
 
     /// Whether it is an attempt's `mpirun` job.
@@ -65,7 +63,8 @@ impl Worker {
         }
     }
 
-    /// Starts `command` as rank `rank` (`prefix` for its lines; `None`: mpirun's tags).
+    /// Starts `command` as rank `rank` (`prefix` for its lines; `None`: an `mpirun` job,
+    /// whose lines carry mpirun's tags).
     fn spawn(
         mut command: Command,
         name: &str,
@@ -90,6 +89,7 @@ impl Worker {
             },
         })?;
         let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let job = prefix.is_none();
         let mut pumps = Vec::new();
         if let Some(out) = child.stdout.take() {
             pumps.push(pump(out, prefix.clone(), None, false));
@@ -103,7 +103,7 @@ impl Worker {
             pumps,
             tail,
             status: None,
-            job: false,
+            job,
         })
     }
 

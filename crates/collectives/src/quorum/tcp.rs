@@ -5,7 +5,7 @@
 use std::net::ToSocketAddrs;
 use std::time::Duration;
 
-use afterburner_rendezvous::{Connection, Declaration};
+use afterburner_rendezvous::Connection;
 use burn::tensor::backend::Backend;
 
 use super::QuorumGroup;
@@ -32,19 +32,7 @@ pub fn connect_tcp_with_token<B: Backend>(
     wait: Duration,
     token: Option<&str>,
 ) -> Result<QuorumGroup<B>, ParallelError> {
-    connect_declaring(address, replica, device, wait, token, None)
-}
-
-/// [`connect_tcp_with_token`] without a declaration.
-fn connect_declaring<B: Backend>(
-    address: impl ToSocketAddrs,
-    replica: usize,
-    device: &B::Device,
-    wait: Duration,
-    token: Option<&str>,
-    declaration: Option<&Declaration>,
-) -> Result<QuorumGroup<B>, ParallelError> {
-    let connection = afterburner_rendezvous::connect(address, replica, wait, token, declaration)?;
+    let connection = afterburner_rendezvous::connect(address, replica, wait, token, None)?;
     group_of(connection, device)
 }
 
