@@ -15,7 +15,7 @@
 //!   group; each says what it does before a call (decorator.rs's `Decorator`) and gets every
 //!   method forwarded from one macro, `forward_process_group!`, checked against the trait.
 //! - Sub-groups: [`mesh_groups`] gives each rank of a `dp x tp` mesh its two [`SubGroup`]s.
-//! - Votes: [`same_on_every_rank`], [`ranks_voting_yes`], [`broadcast_text`].
+//! - Votes: [`vote`], [`same_on_every_rank`], [`ranks_voting_yes`], [`broadcast_text`].
 //! - [`ParallelError`]: what all of it reports (afterburner-parallel's error too).
 
 #![warn(missing_docs)]
@@ -68,4 +68,6 @@ pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use quorum::{LocalReplicas, Quorum, QuorumGroup, connect_tcp, connect_tcp_with_token};
 pub use shared::SharedGroup;
 pub use slow_link::SlowLink;
-pub use votes::{broadcast_text, ranks_voting_yes, same_on_every_rank};
+pub use votes::{
+    Ballot, broadcast_text, broadcast_text_from, ranks_voting_yes, same_on_every_rank, vote,
+};

@@ -27,6 +27,8 @@ pub trait Coordinator: Send + Sync {
     ) -> Result<(), RendezvousError>;
     /// Waits for a live state (see [`Lighthouse::receive_state`]).
     fn receive_state(&self, session: &Session) -> Result<Donation, RendezvousError>;
+    /// Says the run ended at optimizer `step` (see [`Lighthouse::end_run`]).
+    fn end_run(&self, session: &Session, step: u64) -> Result<(), RendezvousError>;
     /// Leaves the group.
     fn leave(&self, session: &Session, reason: &str);
     /// Records where this replica accepts data from its peers (see [`Lighthouse::announce`]).
@@ -66,6 +68,10 @@ impl Coordinator for Lighthouse {
 
     fn receive_state(&self, session: &Session) -> Result<Donation, RendezvousError> {
         Lighthouse::receive_state(self, session)
+    }
+
+    fn end_run(&self, session: &Session, step: u64) -> Result<(), RendezvousError> {
+        Lighthouse::end_run(self, session, step)
     }
 
     fn leave(&self, session: &Session, reason: &str) {

@@ -54,6 +54,18 @@ pub enum RendezvousError {
         /// What differs.
         reason: String,
     },
+    /// A replica asked to join a run that had already ended: no live replica will send its
+    /// state (the run's final state is what the live replicas saved at `step`).
+    #[error(
+        "replica {rank} asked to join the run after it ended at step {step}: no live replica is \
+         left to heal it, and none is needed (the run's final state is the live replicas')"
+    )]
+    RunEnded {
+        /// The replica that asked to join.
+        rank: usize,
+        /// The optimizer step the live replicas ended the run at.
+        step: u64,
+    },
     /// A message or record that does not decode: the wire's frames, a live state in transit, a
     /// saved optimizer record FSDP cannot gather or shard (not Burn's record format, state for
     /// a parameter the model lacks, a non-float state tensor).

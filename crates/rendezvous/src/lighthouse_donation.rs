@@ -64,6 +64,13 @@ impl Lighthouse {
             if let Some(donation) = state.donations.remove(&session.replica) {
                 return Ok(donation);
             }
+            if let Some(step) = state.ended {
+                state.joiners.remove(&session.replica);
+                return Err(RendezvousError::RunEnded {
+                    rank: session.replica,
+                    step,
+                });
+            }
             if state.started && state.members.is_empty() {
                 state.joiners.remove(&session.replica);
                 return Err(RendezvousError::Collective {

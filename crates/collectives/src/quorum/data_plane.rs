@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use afterburner_rendezvous::{Coordinator, Op, Reply, Session};
 
+use super::Quorum;
 use super::group::Handle;
 use crate::ParallelError;
 use crate::ring::{Endpoint, Ring};
@@ -116,7 +117,7 @@ impl Handle {
         }
         let result = (|| {
             if plane.ring.is_none() {
-                let reply = self.begin(op, values.as_deref())?;
+                let reply = self.begin(op, values.as_deref(), true)?;
                 let all: Vec<usize> = (0..self.replicas).collect();
                 if reply.members != all {
                     return Err(ParallelError::Collective {
@@ -153,7 +154,7 @@ impl Handle {
     ) -> Result<Vec<Vec<f32>>, ParallelError> {
         let mut failures = 0;
         loop {
-            let reply = self.begin(op, values.as_deref())?;
+            let reply = self.begin(op, values.as_deref(), false)?;
             // A failed attempt dropped its ring; a kept one is rebuilt when the members changed.
             let stale = plane.ring.as_ref().is_none_or(|ring| {
                 ring.generation() != reply.generation || ring.members() != reply.members
@@ -197,55 +198,73 @@ impl Handle {
     }
 
     /// The round before a collective: who is present, and whether they agree on it.
-    fn begin(&self, op: RingOp, values: Option<&[f32]>) -> Result<Reply, ParallelError> {
+    ///
+    /// Members that disagree (another collective, or another length) never take down the
+    /// members that were right. In a fault-tolerant group the right call is the one most of
+    /// the replicas of this replica's previous collective made (on a tie, the lowest one's);
+    /// a member that made another call, or a newcomer (healed since) when the others
+    /// disagree, is out of step: it leaves the quorum with the error, and the others run the
+    /// collective again without it. Ranks failing together all fail.
+    fn begin(
+        &self,
+        op: RingOp,
+        values: Option<&[f32]>,
+        together: bool,
+    ) -> Result<Reply, ParallelError> {
         let (code, root) = op.code();
         let len = values.map_or(0, <[f32]>::len) as u64;
         let control = vec![code, root, (len & 0xFF_FFFF) as f32, (len >> 24) as f32];
-        let seq = self.seq.load(Ordering::SeqCst);
-        let reply = self.round(Op::Gather, Some(control))?;
-        let rank = self.session.replica;
-        let calls: Vec<(usize, &Vec<f32>)> =
-            reply.members.iter().copied().zip(&reply.values).collect();
-        let Some(&(first, first_call)) = calls.first() else {
-            return Ok(reply);
-        };
-        for &(replica, call) in &calls[1..] {
-            if call.first() != first_call.first() {
-                return Err(ParallelError::Mismatch {
-                    rank,
-                    reason: format!(
-                        "collective {seq}: replica {replica} called {}, replica {first} {}",
-                        RingOp::name(call[0]),
-                        RingOp::name(first_call[0])
-                    ),
-                });
+        let sized = !matches!(op, RingOp::Gather | RingOp::Broadcast(_));
+        loop {
+            // The members of this replica's previous collective (none for a newcomer).
+            let before = Quorum::members(self);
+            let seq = self.seq.load(Ordering::SeqCst);
+            let reply = self.round(Op::Gather, Some(control.clone()))?;
+            let rank = self.session.replica;
+            let calls: Vec<(usize, Call)> = reply
+                .members
+                .iter()
+                .zip(&reply.values)
+                .map(|(replica, c)| (*replica, Call::of(c, sized)))
+                .collect();
+            let Some(disagreement) = disagreement(seq, &calls) else {
+                if let RingOp::Broadcast(root) = op
+                    && !reply.members.contains(&root)
+                {
+                    return Err(ParallelError::Collective {
+                        op: "collective",
+                        rank,
+                        reason: format!(
+                            "collective {seq}: the broadcast's root, replica {root}, left the quorum"
+                        ),
+                    });
+                }
+                return Ok(reply);
+            };
+            let right = match together {
+                true => None,
+                false => right_call(&calls, &before),
+            };
+            let mine = Call::of(&control, sized);
+            if right.is_none_or(|right| right != mine) {
+                if !together {
+                    let reason = format!("it is out of step with the others ({disagreement})");
+                    tracing::warn!(replica = rank, "leaving the quorum: {reason}");
+                    self.coordinator.leave(&self.session, &reason);
+                }
+                return Err(disagreement.into_error(rank));
             }
-            let length = |c: &[f32]| c[2] as u64 + ((c[3] as u64) << 24);
-            let sized = !matches!(op, RingOp::Gather | RingOp::Broadcast(_));
-            if sized && length(call) != length(first_call) {
-                return Err(ParallelError::Collective {
-                    op: "collective",
-                    rank,
-                    reason: format!(
-                        "collective {seq}: replica {replica} sent {} values, replica {first} sent {}",
-                        length(call),
-                        length(first_call)
-                    ),
-                });
-            }
+            let wrong: Vec<usize> = calls
+                .iter()
+                .filter(|(_, call)| Some(*call) != right)
+                .map(|(replica, _)| *replica)
+                .collect();
+            tracing::warn!(
+                replica = rank,
+                "{disagreement}: replica(s) {wrong:?} are out of step and leave the quorum; the \
+                 collective runs again without them"
+            );
         }
-        if let RingOp::Broadcast(root) = op
-            && !reply.members.contains(&root)
-        {
-            return Err(ParallelError::Collective {
-                op: "collective",
-                rank,
-                reason: format!(
-                    "collective {seq}: the broadcast's root, replica {root}, left the quorum"
-                ),
-            });
-        }
-        Ok(reply)
     }
 
     /// Builds the ring of `reply`'s members and generation.
@@ -287,4 +306,90 @@ fn run(
 /// The lock on a replica's data plane, whatever a panicking holder left.
 pub(super) fn lock(plane: &std::sync::Mutex<DataPlane>) -> std::sync::MutexGuard<'_, DataPlane> {
     plane.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a member called in a collective: the collective's code, and its length where the
+/// members must agree on one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Call {
+    code: u8,
+    len: Option<u64>,
+}
+
+impl Call {
+    /// The call a member's control values (code, root, length in two parts) describe.
+    fn of(control: &[f32], sized: bool) -> Self {
+        let at = |i: usize| control.get(i).copied().unwrap_or(0.0);
+        Self {
+            code: at(0) as u8,
+            len: sized.then(|| at(2) as u64 + ((at(3) as u64) << 24)),
+        }
+    }
+}
+
+/// How the members of collective `seq` disagree, when they do.
+enum Disagreement {
+    /// Two members called different collectives.
+    Op(String),
+    /// Two members sent different lengths.
+    Length(String),
+}
+
+impl std::fmt::Display for Disagreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Disagreement::Op(reason) | Disagreement::Length(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl Disagreement {
+    fn into_error(self, rank: usize) -> ParallelError {
+        match self {
+            Disagreement::Op(reason) => ParallelError::Mismatch { rank, reason },
+            Disagreement::Length(reason) => ParallelError::Collective {
+                op: "collective",
+                rank,
+                reason,
+            },
+        }
+    }
+}
+
+/// The first disagreement among `calls` (against the lowest member's call), if any.
+fn disagreement(seq: u64, calls: &[(usize, Call)]) -> Option<Disagreement> {
+    let &(first, first_call) = calls.first()?;
+    calls[1..].iter().find_map(|&(replica, call)| {
+        if call.code != first_call.code {
+            return Some(Disagreement::Op(format!(
+                "collective {seq}: replica {replica} called {}, replica {first} {}",
+                RingOp::name(f32::from(call.code)),
+                RingOp::name(f32::from(first_call.code))
+            )));
+        }
+        match (call.len, first_call.len) {
+            (Some(len), Some(first_len)) if len != first_len => {
+                Some(Disagreement::Length(format!(
+                    "collective {seq}: replica {replica} sent {len} values, replica {first} sent \
+                     {first_len}"
+                )))
+            }
+            _ => None,
+        }
+    })
+}
+
+/// The call most of the members that were in the previous collective (`before`) made, on a
+/// tie the lowest one's; `None` when none of them is here (the run's first collective, or
+/// this replica is a newcomer).
+fn right_call(calls: &[(usize, Call)], before: &[usize]) -> Option<Call> {
+    let veterans: Vec<Call> = calls
+        .iter()
+        .filter(|(replica, _)| before.contains(replica))
+        .map(|(_, call)| *call)
+        .collect();
+    let count = |call: &Call| veterans.iter().filter(|c| *c == call).count();
+    // The first of the most made calls: `veterans` is in replica order.
+    let most = veterans.iter().map(count).max()?;
+    veterans.iter().find(|call| count(call) == most).copied()
 }

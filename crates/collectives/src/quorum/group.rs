@@ -26,6 +26,8 @@ pub(super) struct Handle {
     joining: AtomicBool,
     /// A joiner waits for this replica's state.
     donate: AtomicBool,
+    /// It asked to join after the run ended: its collectives are its own values alone.
+    ended: AtomicBool,
     members: Mutex<Vec<usize>>,
     /// What this replica sends with its live state, or, once healed, what it received.
     attachment: Mutex<Vec<u8>>,
@@ -132,6 +134,7 @@ impl<B: Backend> QuorumGroup<B> {
                 replicas,
                 seq: AtomicU64::new(0),
                 donate: AtomicBool::new(false),
+                ended: AtomicBool::new(false),
                 members: Mutex::new(Vec::new()),
                 attachment: Mutex::new(Vec::new()),
                 plane: Mutex::new(plane),
@@ -186,9 +189,10 @@ impl<B: Backend> QuorumGroup<B> {
         let dtype = tensor.as_ref().map_or(DType::F32, |t| t.dtype());
         let values = tensor.map(host).transpose()?;
         let mut plane = data_plane::lock(&handle.plane);
-        let results = match self.star {
-            true => handle.through_lighthouse(op, values)?,
-            false => handle.over_ring(&mut plane, op, values, self.together)?,
+        let results = match (handle.ended.load(Ordering::SeqCst), self.star) {
+            (true, _) => alone(replica, op, values)?,
+            (false, true) => handle.through_lighthouse(op, values)?,
+            (false, false) => handle.over_ring(&mut plane, op, values, self.together)?,
         };
         Ok(results
             .into_iter()
@@ -240,6 +244,25 @@ impl Handle {
             RingOp::ReduceScatter { .. } => unreachable!("composed of an all-reduce"),
         };
         Ok(self.round(op, values)?.values)
+    }
+}
+
+/// A collective of `replica` as the only replica left (after the run ended): its own values.
+fn alone(
+    replica: usize,
+    op: RingOp,
+    values: Option<Vec<f32>>,
+) -> Result<Vec<Vec<f32>>, ParallelError> {
+    match (op, values) {
+        (RingOp::Broadcast(root), None) if root != replica => Err(ParallelError::Collective {
+            op: "broadcast",
+            rank: replica,
+            reason: format!(
+                "the run ended: replica {root}, the broadcast's root, is gone, and replica \
+                 {replica} is the only one left"
+            ),
+        }),
+        (_, values) => Ok(vec![values.unwrap_or_default()]),
     }
 }
 
@@ -352,6 +375,18 @@ impl Quorum for Handle {
             .clone()
     }
 
+    fn end_run(&self, step: u64) -> Result<(), ParallelError> {
+        if self.ended.load(Ordering::SeqCst) {
+            return Ok(()); // it ended alone: nobody to tell
+        }
+        let _one_at_a_time = data_plane::lock(&self.plane);
+        self.coordinator.end_run(&self.session, step)
+    }
+
+    fn run_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
     fn receive_state(&self) -> Result<Vec<u8>, ParallelError> {
         let replica = self.session.replica;
         if !self.joining.load(Ordering::SeqCst) {
@@ -361,7 +396,15 @@ impl Quorum for Handle {
                 reason: format!("replica {replica} is a member already (it did not join late)"),
             });
         }
-        let donation = self.coordinator.receive_state(&self.session)?;
+        let donation = match self.coordinator.receive_state(&self.session) {
+            Err(ended @ ParallelError::RunEnded { .. }) => {
+                self.ended.store(true, Ordering::SeqCst);
+                self.joining.store(false, Ordering::SeqCst);
+                *self.members.lock().unwrap_or_else(PoisonError::into_inner) = vec![replica];
+                return Err(ended);
+            }
+            other => other?,
+        };
         self.seq.store(donation.next_seq, Ordering::SeqCst);
         self.joining.store(false, Ordering::SeqCst);
         Ok(Arc::try_unwrap(donation.bytes).unwrap_or_else(|shared| (*shared).clone()))

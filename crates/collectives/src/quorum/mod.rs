@@ -14,7 +14,8 @@
 //! - Rejoin: a replica that connects once the run has started is a joiner. Its strategy's
 //!   `join` waits for a live replica's state (afterburner-parallel's `receive_live_state`);
 //!   the live replicas send it after their next sync (`donate_live_state`), and the joiner
-//!   takes part from the next collective on.
+//!   takes part from the next collective on. Once the live replicas have finished training
+//!   ([`Quorum::end_run`]) a joiner is told the run ended instead, and is alone from then on.
 //!
 //! DDP, ZeRO and FSDP refuse a quorum group (afterburner-parallel): their replicas step
 //! together on shared gradients or shards, so one lost replica loses state.
@@ -61,6 +62,18 @@ pub trait Quorum: Send + Sync {
 
     /// The bytes [`attach`](Self::attach)ed (empty when none).
     fn attached(&self) -> Vec<u8>;
+
+    /// Tells the group this replica finished training at optimizer `step`, after its last
+    /// collective of the run: a replica waiting to join (a restarted one), or joining later,
+    /// is told the run ended ([`ParallelError::RunEnded`]) instead of waiting for a state no
+    /// live replica will send.
+    fn end_run(&self, step: u64) -> Result<(), ParallelError>;
+
+    /// Whether this replica asked to join after the run ended
+    /// ([`receive_state`](Self::receive_state) returned [`ParallelError::RunEnded`]): from then
+    /// on its collectives combine its own values alone (it is the only replica left), so it
+    /// can load the run's final state and end as the others did.
+    fn run_ended(&self) -> bool;
 
     /// On a joining replica: waits for a live replica's state
     /// ([`QuorumConfig::join_timeout`](crate::QuorumConfig::join_timeout)); from then on this replica takes part in collectives.

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{
-    ADDRESSES, ANNOUNCE, ASK_POLICY, COLLECTIVE, DONE, ERROR, HELLO, LEAVE, PEERS, POLICY,
-    RECEIVE_STATE, REPLY, SEND_STATE, STATE, WELCOME, decode_policy, encode_op, encode_policy,
-    io_error, protocol, read_frame, send,
+    ADDRESSES, ANNOUNCE, ASK_POLICY, COLLECTIVE, DONE, END_RUN, ERROR, HELLO, LEAVE, PEERS, POLICY,
+    RECEIVE_STATE, REPLY, RUN_ENDED, SEND_STATE, STATE, WELCOME, decode_policy, encode_op,
+    encode_policy, io_error, protocol, read_frame, send,
 };
 use crate::coordinator::Coordinator;
 use crate::lighthouse::{Donation, Reply, Session};
@@ -128,6 +128,16 @@ struct TcpCoordinator {
 impl TcpCoordinator {
     /// Sends `request` and reads the answer, which must carry tag `expected`.
     fn request(&self, request: &[u8], expected: u8) -> Result<Frame, RendezvousError> {
+        self.request_one_of(request, &[expected])
+            .map(|(_, frame)| frame)
+    }
+
+    /// Sends `request` and reads the answer, whose tag must be one of `expected`.
+    fn request_one_of(
+        &self,
+        request: &[u8],
+        expected: &[u8],
+    ) -> Result<(u8, Frame), RendezvousError> {
         let mut stream = self.stream.lock().unwrap_or_else(PoisonError::into_inner);
         let replica = self.replica;
         send(&mut *stream, request).map_err(|e| io_error("lighthouse", replica, e))?;
@@ -136,7 +146,7 @@ impl TcpCoordinator {
             read_frame(&mut *stream).map_err(|e| io_error("lighthouse", replica, e))?,
         );
         match answer.u8()? {
-            tag if tag == expected => Ok(answer),
+            tag if expected.contains(&tag) => Ok((tag, answer)),
             ERROR => {
                 let rank = answer.u64()? as usize;
                 let reason = String::from_utf8_lossy(&answer.bytes()?).into_owned();
@@ -201,11 +211,23 @@ impl Coordinator for TcpCoordinator {
     }
 
     fn receive_state(&self, _session: &Session) -> Result<Donation, RendezvousError> {
-        let mut state = self.request(&[RECEIVE_STATE], STATE)?;
-        Ok(Donation {
-            next_seq: state.u64()?,
-            bytes: Arc::new(state.bytes()?),
-        })
+        let (tag, mut state) = self.request_one_of(&[RECEIVE_STATE], &[STATE, RUN_ENDED])?;
+        match tag {
+            RUN_ENDED => Err(RendezvousError::RunEnded {
+                rank: self.replica,
+                step: state.u64()?,
+            }),
+            _ => Ok(Donation {
+                next_seq: state.u64()?,
+                bytes: Arc::new(state.bytes()?),
+            }),
+        }
+    }
+
+    fn end_run(&self, _session: &Session, step: u64) -> Result<(), RendezvousError> {
+        let mut out = vec![END_RUN];
+        put_u64(&mut out, step);
+        self.request(&out, DONE).map(|_| ())
     }
 
     fn leave(&self, _session: &Session, reason: &str) {

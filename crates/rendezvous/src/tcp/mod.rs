@@ -31,6 +31,8 @@ const RECEIVE_STATE: u8 = 4;
 const LEAVE: u8 = 5;
 const ANNOUNCE: u8 = 7;
 const PEERS: u8 = 8;
+/// A replica saying the run ended at a step.
+const END_RUN: u8 = 9;
 const WELCOME: u8 = 10;
 const REPLY: u8 = 11;
 const DONE: u8 = 12;
@@ -38,6 +40,8 @@ const STATE: u8 = 13;
 const ERROR: u8 = 14;
 const POLICY: u8 = 15;
 const ADDRESSES: u8 = 16;
+/// The answer to [`RECEIVE_STATE`] when the run ended first: the step it ended at.
+const RUN_ENDED: u8 = 17;
 
 fn encode_op(op: Op) -> (u8, u64) {
     match op {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{
-    ADDRESSES, ANNOUNCE, ASK_POLICY, COLLECTIVE, DONE, HELLO, LEAVE, PEERS, RECEIVE_STATE, REPLY,
-    SEND_STATE, STATE, WELCOME, decode_op, decode_policy, error_frame, io_error, policy_frame,
-    protocol, read_frame, send,
+    ADDRESSES, ANNOUNCE, ASK_POLICY, COLLECTIVE, DONE, END_RUN, HELLO, LEAVE, PEERS, RECEIVE_STATE,
+    REPLY, RUN_ENDED, SEND_STATE, STATE, WELCOME, decode_op, decode_policy, error_frame, io_error,
+    policy_frame, protocol, read_frame, send,
 };
 use crate::lighthouse::Session;
 use crate::wire::{Frame, put_bytes, put_f32s, put_u64};
@@ -238,12 +238,23 @@ fn answer(
             lighthouse.send_state(session, next_seq, bytes)?;
             Ok(Some(vec![DONE]))
         }
-        RECEIVE_STATE => {
-            let donation = lighthouse.receive_state(session)?;
-            let mut out = vec![STATE];
-            put_u64(&mut out, donation.next_seq);
-            put_bytes(&mut out, &donation.bytes);
-            Ok(Some(out))
+        RECEIVE_STATE => match lighthouse.receive_state(session) {
+            Ok(donation) => {
+                let mut out = vec![STATE];
+                put_u64(&mut out, donation.next_seq);
+                put_bytes(&mut out, &donation.bytes);
+                Ok(Some(out))
+            }
+            Err(RendezvousError::RunEnded { step, .. }) => {
+                let mut out = vec![RUN_ENDED];
+                put_u64(&mut out, step);
+                Ok(Some(out))
+            }
+            Err(error) => Err(error),
+        },
+        END_RUN => {
+            lighthouse.end_run(session, request.u64()?)?;
+            Ok(Some(vec![DONE]))
         }
         ANNOUNCE => {
             let address = String::from_utf8_lossy(&request.bytes()?).into_owned();
