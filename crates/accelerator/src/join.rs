@@ -28,7 +28,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// starts with the run is set up as by `setup`. One that joins a run in progress (a
     /// restarted one) receives a live replica's parameters, optimizer state and strategy
     /// state, and its step counter continues from that replica's: continue your loop after
-    /// `counters().optimizer_steps`. Under any other strategy, the same as `setup`.
+    /// `counters().optimizer_steps`. One that asks after the run ended (the live replicas
+    /// called [`end_of_run`](Self::end_of_run)) gets
+    /// [`ParallelError::RunEnded`](afterburner_parallel::ParallelError::RunEnded) with the
+    /// step: nothing is left to train, the run's final state is its last checkpoint
+    /// ([`prepare_alone`](Self::prepare_alone), then `load_parts`). Under any other strategy,
+    /// the same as `setup`.
     pub fn join<M, O>(&mut self, model: M, mut optimizer: O) -> Result<(M, O), AccelerateError>
     where
         M: AutodiffModule<B>,
@@ -43,6 +48,27 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             tracing::info!(step, "joined a run in progress from a live replica's state");
         }
         Ok((model, optimizer))
+    }
+
+    /// On a fault-tolerant replica: tells the group it finished training, after its last
+    /// collective of the run, so a replica restarted meanwhile is told the run ended (its
+    /// [`join`](Self::join) returns [`ParallelError::RunEnded`](afterburner_parallel::ParallelError::RunEnded))
+    /// instead of waiting for a live state that will not come. The Trainer calls it at the end
+    /// of `train`; a hand-written loop calls it after its last save. Nothing elsewhere.
+    pub fn end_of_run(&self) -> Result<(), AccelerateError> {
+        if let Some(quorum) = self.strategy.group().and_then(|g| g.quorum()) {
+            quorum.end_run(self.counters.optimizer_steps)?;
+        }
+        Ok(())
+    }
+
+    /// For a fault-tolerant replica told the run ended ([`join`](Self::join) returned
+    /// [`ParallelError::RunEnded`](afterburner_parallel::ParallelError::RunEnded)): `model` on
+    /// this device as the precision prepares it, with no collective, to load the run's final
+    /// state into ([`load_parts`](Self::load_parts): the replica is alone now, its collectives
+    /// are its own values).
+    pub fn prepare_alone<M: AutodiffModule<B>>(&self, model: M) -> Result<M, AccelerateError> {
+        Ok(self.precision.prepare_model(model.fork(&self.device))?)
     }
 
     /// On a fault-tolerant replica: what it sends with its live state to a joiner beyond the

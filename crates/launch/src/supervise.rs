@@ -158,7 +158,7 @@ impl Supervisor<'_> {
                     continue;
                 }
                 match self.policy(server) {
-                    RestartPolicy::Replica => self.restart_alone(workers, local, status)?,
+                    RestartPolicy::Replica => self.restart_alone(server, workers, local, status)?,
                     RestartPolicy::All => {
                         let failed = (workers[local].rank, status);
                         self.stop_all(server, workers, failed, finished_early)?;
@@ -233,9 +233,12 @@ impl Supervisor<'_> {
     /// The `replica` policy: the dead worker `local` alone is started again (it joins and is
     /// healed from a live replica), up to `--max-restarts` times in all. On one node, a worker
     /// that fails once every other has finished is not started again (no live replica could
-    /// heal it): the launch fails naming it.
+    /// heal it): the launch fails naming it. Unless the run had ended (the live replicas
+    /// finished training and said so to the lighthouse): then the restarted one is told so and
+    /// ends with the run's final state.
     fn restart_alone(
         &mut self,
+        server: Option<&LighthouseServer>,
         workers: &mut [Worker],
         local: usize,
         status: std::process::ExitStatus,
@@ -243,7 +246,8 @@ impl Supervisor<'_> {
         let args = self.args;
         let rank = workers[local].rank;
         let message = format!("rank {rank} {}", describe(status));
-        if args.nnodes == 1 && !others_running(workers, local) {
+        let ended = server.is_some_and(|s| s.lighthouse().ended_at().is_some());
+        if args.nnodes == 1 && !others_running(workers, local) && !ended {
             // Every other replica has finished (or failed for good): a restarted one would
             // find no live replica to heal from and fail again, restart after restart.
             let last_output = workers[local].last_output();

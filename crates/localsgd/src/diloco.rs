@@ -306,7 +306,8 @@ where
 
     /// On a fault-tolerant group, a replica joining a run in progress takes a live replica's
     /// parameters, inner optimizer state and DiLoCo state (global copy, outer momentum, sync
-    /// count, a pending exchange), and continues after its step.
+    /// count, a pending exchange), and continues after its step. One that asks after the run
+    /// ended gets [`ParallelError::RunEnded`], set up alone on its own model.
     fn join<M, O>(&mut self, model: M, optimizer: &mut O) -> Result<(M, u64), ParallelError>
     where
         M: AutodiffModule<B>,
@@ -317,7 +318,16 @@ where
         };
         let fragments = self.fragments_of(&model)?;
         let device = model.devices().into_iter().next().unwrap_or_default();
-        let (model, state, step) = receive_live_state(&*quorum, model, optimizer, &device)?;
+        let received = receive_live_state(&*quorum, model.clone(), optimizer, &device);
+        let (model, state, step) = match received {
+            Err(ended @ ParallelError::RunEnded { .. }) => {
+                // The run ended before a live replica could heal this one: it is alone now,
+                // set up on its own model (no collective) for the run's final state to load.
+                self.keep_global(&model, fragments);
+                return Err(ended);
+            }
+            received => received?,
+        };
         self.keep_global(&model, fragments);
         self.check_own_state(&state)?;
         self.load_own_state(state);

@@ -12,12 +12,23 @@ use super::checkpoints::{
     list_checkpoints, relocate_best, warn_of_another_run,
 };
 use super::curves::write_curves;
+use super::heal::Joined;
 use super::{
     Flow, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss, TrainSummary, Trainer,
     TrainerState, lost_model, resolve_checkpoint,
 };
 use crate::parallel::ReduceOp;
 use crate::{AccelerateError, StepOutcome};
+
+/// How training goes on after an optimizer step.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StepEnd {
+    Continue,
+    /// The last step (`max_steps` reached).
+    Last,
+    /// A callback stopped training.
+    Stopped,
+}
 
 /// Where in the loop an event happens.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,12 +43,25 @@ impl<T: TrainerTypes> Trainer<T> {
     /// points; stops early when a callback asks; reloads the best model at the end when
     /// `load_best_model_at_end` is set. Every rank calls it.
     pub fn train(&mut self) -> Result<TrainSummary, AccelerateError> {
-        if std::mem::take(&mut self.join_pending) && self.join_the_run()? {
-            // The live replicas sent their state from inside their step and go on with its
-            // events (log, evaluation, save: collectives the healed replica takes part in).
-            self.events(At::StepEnd, 0)?;
-            if self.acc.data_position().1 == 0 {
-                self.events(At::EpochEnd, 0)?;
+        let mut stopped_early = false;
+        let mut done = false;
+        let joined = match std::mem::take(&mut self.join_pending) {
+            true => self.join_the_run()?,
+            false => Joined::Fresh,
+        };
+        if let Joined::RunEnded(summary) = joined {
+            return Ok(summary);
+        }
+        if matches!(joined, Joined::Healed) {
+            // The live replicas sent their state from inside their step and go on from there:
+            // the healed replica takes the same path (the step's events, the signal check,
+            // the epoch's end when the step ended it or ended training), so it calls the same
+            // collectives in the same order.
+            let end = self.after_step(0)?;
+            stopped_early = end == StepEnd::Stopped;
+            done = end != StepEnd::Continue;
+            if done || self.acc.data_position().1 == 0 {
+                (stopped_early, done) = self.epoch_end(0, stopped_early, done)?;
             }
         }
         let resume = self.checkpoint_to_resume();
@@ -70,8 +94,7 @@ impl<T: TrainerTypes> Trainer<T> {
         let first_batch = self.state.batches_total;
         let per_item = self.args.loss_normalization == LossNormalization::PerItem;
         let mut cycle_items = 0usize;
-        let mut stopped_early = false;
-        let mut done = self.state.global_step >= self.state.max_steps;
+        done |= self.state.global_step >= self.state.max_steps;
         for epoch in start_epoch..self.epochs {
             if done {
                 break;
@@ -131,25 +154,50 @@ impl<T: TrainerTypes> Trainer<T> {
                     .progress(self.state.global_step, self.state.max_steps);
                 self.state.epoch = epoch as f64 + (skip + i + 1) as f64 / batches as f64;
                 let items = (self.state.batches_total - first_batch) * items_per_batch;
-                let flow = self.events(At::StepEnd, items)?;
-                if self.acc.stop_requested()? {
-                    return Err(self.stop_on_signal());
-                }
-                stopped_early |= flow == Flow::Stop;
-                if flow == Flow::Stop || self.state.global_step >= self.state.max_steps {
-                    done = true;
-                    break;
+                match self.after_step(items)? {
+                    StepEnd::Continue => {}
+                    end => {
+                        stopped_early |= end == StepEnd::Stopped;
+                        done = true;
+                        break;
+                    }
                 }
             }
             if stepped {
                 let items = (self.state.batches_total - first_batch) * items_per_batch;
-                if self.events(At::EpochEnd, items)? == Flow::Stop {
-                    stopped_early = true;
-                    done = true;
-                }
+                (stopped_early, done) = self.epoch_end(items, stopped_early, done)?;
             }
         }
         self.finish(stopped_early, first_batch, items_per_batch)
+    }
+
+    /// What follows every optimizer step (and a replica healed at one, which the live
+    /// replicas sent their state from): the step's events, the signal check, and whether
+    /// training goes on.
+    fn after_step(&mut self, items: u64) -> Result<StepEnd, AccelerateError> {
+        let flow = self.events(At::StepEnd, items)?;
+        if self.acc.stop_requested()? {
+            return Err(self.stop_on_signal());
+        }
+        Ok(match flow {
+            Flow::Stop => StepEnd::Stopped,
+            Flow::Continue if self.state.global_step >= self.state.max_steps => StepEnd::Last,
+            Flow::Continue => StepEnd::Continue,
+        })
+    }
+
+    /// The epoch's end (after its last batch, or after the step that ended training): its
+    /// events; `(stopped_early, done)` updated.
+    fn epoch_end(
+        &mut self,
+        items: u64,
+        stopped_early: bool,
+        done: bool,
+    ) -> Result<(bool, bool), AccelerateError> {
+        match self.events(At::EpochEnd, items)? {
+            Flow::Stop => Ok((true, true)),
+            Flow::Continue => Ok((stopped_early, done)),
+        }
     }
 
     /// Per-item loss normalisation at the end of a cycle whose summed losses were
@@ -234,6 +282,9 @@ impl<T: TrainerTypes> Trainer<T> {
             );
         }
         metrics.insert("epoch", self.state.epoch);
+        // The run's last collective is behind: a replica restarted meanwhile is told the run
+        // ended (and ends with the final checkpoint) instead of waiting to be healed.
+        self.acc.end_of_run()?;
         self.record(metrics.clone())?;
         if self.acc.is_main_process() {
             write_curves(&self.args.output_dir, &self.state.log_history)?;
@@ -399,7 +450,7 @@ impl<T: TrainerTypes> Trainer<T> {
     }
 
     /// Restores model, optimizer, schedule, trainer state and the Accelerator's state.
-    fn load_checkpoint(&mut self, dir: &std::path::Path) -> Result<(), AccelerateError> {
+    pub(super) fn load_checkpoint(&mut self, dir: &std::path::Path) -> Result<(), AccelerateError> {
         let model = self.model.as_mut().ok_or_else(lost_model)?;
         let mut parts =
             checkpoint_parts(model, &mut self.optim, &mut self.schedule, &mut self.state);

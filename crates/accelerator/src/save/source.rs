@@ -8,7 +8,7 @@ use afterburner_parallel::{ParallelStrategy, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::parts::{Mode, StateParts, part_file};
-use super::sharded::saved_rank_dirs;
+use super::sharded::{rank_dir_name, saved_rank_dirs};
 use super::state::{ACCELERATOR_FILE, AcceleratorState, StateFiles};
 use crate::{AccelerateError, Accelerator};
 
@@ -28,7 +28,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         }
         let mine = self.rank_dir(dir);
         if !layout.reshards() {
-            return Ok((mine, Mode::Local, true, Vec::new()));
+            return Ok((
+                self.own_or_present_part(dir, mine),
+                Mode::Local,
+                true,
+                Vec::new(),
+            ));
         }
         let full = self.checkpointer.holds_state(dir);
         // Every rank must take the same path (each runs collectives).
@@ -99,5 +104,31 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             "merged a sharded state saved at another world size"
         );
         Ok((files, state))
+    }
+
+    /// This rank's part of a per-rank state, or, for a fault-tolerant replica whose part is
+    /// missing (it died during the save, which committed among the replicas present), the
+    /// lowest saved replica's part: what healing would have given it.
+    fn own_or_present_part(&self, dir: &Path, mine: PathBuf) -> PathBuf {
+        if !self.is_fault_tolerant() || self.checkpointer.exists(&mine) {
+            return mine;
+        }
+        let world = self.world_size();
+        let present = (0..world)
+            .map(|rank| dir.join(rank_dir_name(rank, world)))
+            .find(|part| self.checkpointer.exists(part));
+        match present {
+            Some(part) => {
+                tracing::warn!(
+                    rank = self.rank(),
+                    checkpoint = %dir.display(),
+                    from = %part.display(),
+                    "this replica's part is missing from the checkpoint (it left during the \
+                     save): loading a present replica's part, as healing would"
+                );
+                part
+            }
+            None => mine,
+        }
     }
 }
