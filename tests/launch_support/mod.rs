@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use afterburner::parallel::flat_params;
+use afterburner::weights::LoadWeights;
 use afterburner_demos::models::{Vit, VitConfig};
 use afterburner_launch::{kill_worker, launch, launched_workers, parse_args};
 use burn::backend::{Autodiff, Flex};
@@ -39,12 +40,20 @@ pub fn fresh(name: &str) -> PathBuf {
 /// `afterburner launch LAUNCHER_ARGS -- vit_classify TRAINER_ARGS --output-dir OUT` (no
 /// evaluation, batch 16 per rank), in this process; the launcher's exit code.
 pub fn launch_vit(launcher: &[&str], trainer: &[&str], out: &Path) -> i32 {
+    let mut trainer = trainer.to_vec();
+    trainer.extend(["--eval-strategy", "no"]);
+    launch_vit_evaluating(launcher, &trainer, out)
+}
+
+/// [`launch_vit`] with the evaluation the trainer arguments ask for (the example's own
+/// default: one per epoch).
+pub fn launch_vit_evaluating(launcher: &[&str], trainer: &[&str], out: &Path) -> i32 {
     let vit = example("vit_classify");
     let mut args = vec!["afterburner", "launch"];
     args.extend(launcher);
     args.extend(["--", vit.to_str().unwrap()]);
     args.extend(trainer);
-    args.extend(["--eval-strategy", "no", "--load-best-model-at-end", "false"]);
+    args.extend(["--load-best-model-at-end", "false"]);
     args.extend(["--per-device-train-batch-size", "16", "--disable-tqdm"]);
     args.extend(["--output-dir", out.to_str().unwrap()]);
     let args = parse_args(args).expect("the launcher's arguments");
@@ -133,4 +142,38 @@ pub fn saved_params(checkpoint: &Path, rank: usize, world: usize) -> Vec<f32> {
         .into_data()
         .to_vec::<f32>()
         .unwrap()
+}
+
+/// The parameters of the ViT the example saved as `file` (safetensors, Burn's layout).
+pub fn model_params(file: &Path) -> Vec<f32> {
+    let device = Default::default();
+    let model: Vit<B> = LoadWeights::from_file(file)
+        .into_model(VitConfig::new().with_num_classes(10).init::<B>(&device))
+        .expect("the example's saved model");
+    flat_params::<B, _>(&model)
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+/// The replicas' parts saved in `checkpoint` (`rank-<r>-of-<n>`), as rank numbers.
+pub fn saved_ranks(checkpoint: &Path) -> Vec<usize> {
+    let mut ranks: Vec<usize> = std::fs::read_dir(checkpoint)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.strip_prefix("rank-")?
+                        .split_once("-of-")?
+                        .0
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ranks.sort();
+    ranks
 }
