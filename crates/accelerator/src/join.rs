@@ -72,17 +72,24 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     }
 
     /// On a fault-tolerant replica: what it sends with its live state to a joiner beyond the
-    /// strategy's (the fp16 loss scale), set before each step's sync.
+    /// strategy's (the fp16 loss scale, the skipped steps and micro-batches so far), set
+    /// before each step's sync.
     pub(crate) fn attach_live_state(&self) {
         let Some(quorum) = self.strategy.group().and_then(|g| g.quorum()) else {
             return;
         };
-        if let Ok(bytes) = serde_json::to_vec(&self.precision.scaler_state()) {
+        let attached = Attached {
+            scaler: self.precision.scaler_state(),
+            skipped_steps: self.counters.skipped_steps,
+            micro_batches: self.counters.micro_batches,
+        };
+        if let Ok(bytes) = serde_json::to_vec(&attached) {
             quorum.attach(bytes);
         }
     }
 
-    /// On a healed replica: loads what the donor attached (its loss scale).
+    /// On a healed replica: loads what the donor attached (its loss scale, and its counters
+    /// beside the step: a state this replica saves later then holds a run's counters).
     fn load_attached_state(&mut self) -> Result<(), AccelerateError> {
         let Some(quorum) = self.strategy.group().and_then(|g| g.quorum()) else {
             return Ok(());
@@ -91,9 +98,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         if bytes.is_empty() {
             return Ok(());
         }
-        let scaler: Option<GradScalerState> = serde_json::from_slice(&bytes)
-            .map_err(|e| AccelerateError::BadData(format!("the live replica's loss scale: {e}")))?;
-        self.precision.load_scaler_state(scaler)?;
+        let attached: Attached = serde_json::from_slice(&bytes).map_err(|e| {
+            AccelerateError::BadData(format!("the live replica's loss scale and counters: {e}"))
+        })?;
+        self.precision.load_scaler_state(attached.scaler)?;
+        self.counters.skipped_steps = attached.skipped_steps;
+        self.counters.micro_batches = attached.micro_batches;
         Ok(())
     }
 
@@ -109,4 +119,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         progress.epoch = (step / steps_per_epoch) as usize;
         progress.next_batch = ((step % steps_per_epoch) * per_cycle).min(batches as u64) as usize;
     }
+}
+
+/// What a live replica attaches to the state it sends a joiner, beyond the strategy's.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Attached {
+    scaler: Option<GradScalerState>,
+    skipped_steps: u64,
+    micro_batches: u64,
 }

@@ -34,6 +34,8 @@ fn config(strategy: &'static str) -> AcceleratorConfig {
 /// after each sync step, its final parameters.
 struct Record {
     joined: (u64, Vec<f32>),
+    /// The counters right after `join`.
+    joined_counters: afterburner_accelerator::Counters,
     synced: Vec<(u64, Vec<f32>)>,
     last: Vec<f32>,
     /// The fp16 loss scale right after `join`, and after each sync step.
@@ -57,6 +59,7 @@ fn replica(
     let start = acc.counters().optimizer_steps;
     let mut record = Record {
         joined: (start, flatten(&params(&model))),
+        joined_counters: acc.counters(),
         synced: Vec::new(),
         last: Vec::new(),
         joined_scale: acc.precision_plugin().scaler_state(),
@@ -101,6 +104,17 @@ fn a_failed_replica_rejoins_through_the_accelerator() {
     // Healed right after the round-3 sync (step 9), from replica 0.
     let (start, params) = &rejoined.joined;
     assert_eq!(*start, 9);
+    // Its counters are the donor's (a state it saves later holds a run's counters: 9 steps
+    // from 9 micro-batches, not from none).
+    let counters = rejoined.joined_counters;
+    assert_eq!(
+        (
+            counters.optimizer_steps,
+            counters.skipped_steps,
+            counters.micro_batches
+        ),
+        (9, 0, 9)
+    );
     let donor = survivors[0].synced.iter().find(|(s, _)| *s == 9).unwrap();
     assert_eq!(params, &donor.1);
     // The survivors agree after every sync, and all three end on the same parameters.

@@ -51,6 +51,19 @@ pub enum LaunchError {
         /// The failed worker's last lines of output.
         last_output: Vec<String>,
     },
+    /// Under the `replica` policy a worker started again after the run ended (to end with the
+    /// run's final state) failed at that.
+    #[error(
+        "{failure}: it was started again after the run ended, to end with the run's final \
+         checkpoint, and failed (the other replicas' results stand){}",
+        last_lines(.last_output)
+    )]
+    FailedAfterTheEnd {
+        /// The failure.
+        failure: String,
+        /// The failed worker's last lines of output.
+        last_output: Vec<String>,
+    },
     /// A worker failed after `--max-restarts` restarts.
     #[error(
         "{failure} and --max-restarts {max_restarts} is used up{}",

@@ -59,6 +59,7 @@ pub fn launch(args: &LaunchArgs) -> Result<i32, LaunchError> {
         address: args.rdzv.clone(),
         restarts: 0,
         restarts_of: vec![0; args.nproc],
+        started_after_the_end: vec![false; args.nproc],
         announced: given,
         engine,
     };
@@ -122,6 +123,9 @@ struct Supervisor<'a> {
     restarts: u32,
     /// Each local worker's restarts.
     restarts_of: Vec<u32>,
+    /// Each local worker was started again after the run ended (to end with its final state;
+    /// failing then, it is not started once more).
+    started_after_the_end: Vec<bool>,
     /// The policy last printed.
     announced: Option<RestartPolicy>,
     /// The engine the workers run on.
@@ -235,7 +239,8 @@ impl Supervisor<'_> {
     /// that fails once every other has finished is not started again (no live replica could
     /// heal it): the launch fails naming it. Unless the run had ended (the live replicas
     /// finished training and said so to the lighthouse): then the restarted one is told so and
-    /// ends with the run's final state.
+    /// ends with the run's final state (exiting with an error then, it is not started again:
+    /// the launch fails naming it).
     fn restart_alone(
         &mut self,
         server: Option<&LighthouseServer>,
@@ -247,6 +252,16 @@ impl Supervisor<'_> {
         let rank = workers[local].rank;
         let message = format!("rank {rank} {}", describe(status));
         let ended = server.is_some_and(|s| s.lighthouse().ended_at().is_some());
+        // Started again to end with the run's final state, it exited with an error (a kill
+        // is not its failure: it is started again).
+        if ended && self.started_after_the_end[local] && status.code().is_some() {
+            let last_output = workers[local].last_output();
+            end_all(workers, FAIL_GRACE);
+            return Err(LaunchError::FailedAfterTheEnd {
+                failure: message,
+                last_output,
+            });
+        }
         if args.nnodes == 1 && !others_running(workers, local) && !ended {
             // Every other replica has finished (or failed for good): a restarted one would
             // find no live replica to heal from and fail again, restart after restart.
@@ -268,6 +283,7 @@ impl Supervisor<'_> {
         }
         self.restarts += 1;
         self.restarts_of[local] += 1;
+        self.started_after_the_end[local] |= ended;
         eprintln!(
             "afterburner launch: {message}; starting it again alone (restart {} of {}): it is \
              healed from a live replica",
