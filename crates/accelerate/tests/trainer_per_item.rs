@@ -177,15 +177,23 @@ fn micro_batches_with_different_item_counts_equal_the_full_batch() {
 
 #[test]
 fn two_ranks_with_different_item_counts_equal_the_full_batch() {
+    // 2 micro-batches of 4 per rank (reduced after backward), and 1 of 8 (DDP reduces during
+    // backward; the per-item factor then applies to the averaged gradients).
+    for (batch, micro_batches) in [(4, 2), (8, 1)] {
+        two_ranks_equal_the_full_batch(batch, micro_batches);
+    }
+}
+
+fn two_ranks_equal_the_full_batch(batch: usize, micro_batches: usize) {
     let _rng = rng_lock();
     let full = one_step(args(16, 1, LossNormalization::PerItem));
     let ddp = TrainingArguments {
         parallelism: afterburner::ParallelismConfig {
             strategy: StrategyConfig::Ddp,
             devices: 2,
-            ..args(4, 2, LossNormalization::PerItem).parallelism
+            ..args(batch, micro_batches, LossNormalization::PerItem).parallelism
         },
-        ..args(4, 2, LossNormalization::PerItem)
+        ..args(batch, micro_batches, LossNormalization::PerItem)
     };
     let model = MaskedVit { vit: vit(21) };
     let results = Accelerator::<B>::run(ddp.accelerator_config(), move |acc| {
@@ -197,6 +205,10 @@ fn two_ranks_with_different_item_counts_equal_the_full_batch() {
     })
     .unwrap();
     for rank in &results {
-        assert!(max_diff(rank, &full) < 1e-6, "{}", max_diff(rank, &full));
+        assert!(
+            max_diff(rank, &full) < 1e-6,
+            "{batch} x {micro_batches} per rank: {}",
+            max_diff(rank, &full)
+        );
     }
 }

@@ -69,6 +69,9 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     pub(crate) strategy: S,
     /// Whether the strategy reduced the pending gradients in this cycle.
     pub(crate) synced: bool,
+    /// A rescale of the cycle's gradients left for after their reduction (a strategy that
+    /// reduces during backward: `scale_gradients`).
+    pub(crate) deferred_scale: Option<f64>,
     /// What this rank sent through collectives.
     pub(crate) traffic: Traffic,
     /// Where saved states are stored (directories on disk by default).
@@ -157,6 +160,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
             last: StepOutcome::Idle,
             strategy,
             synced: false,
+            deferred_scale: None,
             traffic,
             checkpointer: Arc::new(FileCheckpointer),
             device_steps: None,
@@ -272,7 +276,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         }
         let mut new = GradientsParams::from_grads(self.raw_backward(loss), model);
         grads::to_param_dtypes::<B, M>(model, &mut new);
-        self.strategy.after_backward()?;
+        self.strategy.after_backward(model, &mut new)?;
         // A recompute replays the blocks' random draws and so moves the backend RNG: re-seed
         // so the next micro-batch draws the same with or without checkpointing.
         B::seed(
@@ -434,6 +438,7 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Clears the cycle and re-seeds the backend RNG for the next one, from (seed, cycle).
     pub(crate) fn end_cycle(&mut self) {
         self.synced = false;
+        self.deferred_scale = None;
         self.pending = None;
         self.unscaled = None;
         self.clipped = false;

@@ -4,7 +4,7 @@
 use afterburner_parallel::{
     Fsdp, LaunchConfig, Launched, OptimizerSharding, ParallelStrategy, ReduceOp, Traffic,
 };
-use afterburner_precision::grads::GradSummary;
+use afterburner_precision::grads::{self, GradSummary};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::module::AutodiffModule;
@@ -314,6 +314,9 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         }
         if let Some(grads) = self.pending.as_mut() {
             self.strategy.reduce_gradients(model, grads)?;
+            if let Some(factor) = self.deferred_scale.take() {
+                grads::scale::<B, M>(model, grads, factor);
+            }
         }
         self.synced = true;
         Ok(())

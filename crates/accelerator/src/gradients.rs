@@ -35,7 +35,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     /// Multiplies the pending gradients by `factor` (before unscaling and clipping: call it
     /// between the cycle's last `backward` and `step`, before `clip_grad_norm`). For a loss
     /// normalised by a count known only at the end of the cycle, like the Trainer's per-item
-    /// loss under accumulation.
+    /// loss under accumulation. Under DDP reducing its gradients during backward (one
+    /// micro-batch per step) the factor applies to the averaged gradients, at the step.
     pub fn scale_gradients<M: AutodiffModule<B>>(
         &mut self,
         model: &M,
@@ -58,6 +59,11 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 "scale_gradients() with no pending gradients: call backward() first".into(),
             ));
         };
+        if self.strategy.reduces_in_backward() && !self.synced {
+            // Already on their way across the ranks: the same factor on their average.
+            self.deferred_scale = Some(self.deferred_scale.unwrap_or(1.0) * factor);
+            return Ok(());
+        }
         grads::scale::<B, M>(model, grads, factor);
         Ok(())
     }

@@ -298,3 +298,73 @@ fn run_starts_config_devices_and_checks_them() {
         assert!(err.contains("devices"), "{err}");
     }
 }
+
+/// The loss of one rank's batch in [`a_loss_that_uses_the_model_outside_forward_trains_as_one_device`]:
+/// the main term through `acc.forward`, and an auxiliary term from a second, plain forward of
+/// the same model (what reaches the parameters outside the view).
+fn with_auxiliary_term(
+    acc: &Accelerator<B>,
+    model: &afterburner_demos::models::Vit<B>,
+    batch: &afterburner_demos::ImageBatch<B>,
+) -> Result<burn::tensor::Tensor<B, 1>, AccelerateError> {
+    let logits = acc.forward(model, batch.images.clone(), |m, x| m.forward(x))?;
+    // A penalty on the first half of the batch's images seen by the model itself.
+    let [n, c, h, w] = batch.images.dims();
+    let half = batch.images.clone().slice([0..n / 2, 0..c, 0..h, 0..w]);
+    let auxiliary = model.forward(half).powf_scalar(2.0).mean().mul_scalar(0.3);
+    Ok(cross_entropy(logits, batch) + auxiliary)
+}
+
+/// DDP with one micro-batch per step (its buckets reduced during backward) and a loss that
+/// also uses the model outside `acc.forward`: the same as one device stepping on the mean of
+/// the two ranks' losses (the gradients that reach the parameters outside the view are
+/// reduced too; the step falls back to reducing after backward).
+#[test]
+fn a_loss_that_uses_the_model_outside_forward_trains_as_one_device() {
+    let _rng = rng_lock();
+    let one_micro_batch = |strategy: &'static str| AcceleratorConfig {
+        gradient_accumulation_steps: 1,
+        // No clipping: it would hide a lost share of the gradients' length.
+        max_grad_norm: None,
+        ..config(strategy)
+    };
+    let initial = vit(5);
+    let mut single =
+        Accelerator::<B>::new(one_micro_batch("single-device"), Default::default()).unwrap();
+    let (mut model, mut optim) = single
+        .setup(initial.clone(), SgdConfig::new().init())
+        .unwrap();
+    for step in 0..3 {
+        let [first, second] = [0, 1].map(|rank| digits_batch((2 * step + rank) * 8, 8));
+        let loss = (with_auxiliary_term(&single, &model, &first).unwrap()
+            + with_auxiliary_term(&single, &model, &second).unwrap())
+        .div_scalar(2.0);
+        single.backward(loss, &model).unwrap();
+        model = single.step(model, &mut optim, &mut 0.5).unwrap();
+    }
+    let reference = flatten(&params(&model));
+    let ranks = Accelerator::<B>::launch(
+        one_micro_batch("ddp"),
+        vec![Default::default(); 2],
+        move |mut acc| {
+            let (mut model, mut optim) = acc.setup(initial.clone(), SgdConfig::new().init())?;
+            for step in 0..3 {
+                let batch = digits_batch((2 * step + acc.rank()) * 8, 8);
+                let loss = with_auxiliary_term(&acc, &model, &batch)?;
+                acc.backward(loss, &model)?;
+                model = acc.step(model, &mut optim, &mut 0.5)?;
+            }
+            Ok(flatten(&params(&model)))
+        },
+    )
+    .unwrap();
+    assert_eq!(ranks[0], ranks[1], "replicas must stay identical");
+    // Relative L2 over the model (the reordering of the two ranks' sums); with the term's
+    // gradients lost, the parameters were 61 times their own size apart at worst.
+    let err = rel_l2(&ranks[0], &reference);
+    let worst = max_rel(&ranks[0], &reference, 1e-3);
+    assert!(
+        err <= 1e-6 && worst <= 1e-4,
+        "DDP with a term outside forward vs one device: relative L2 {err}, max {worst}"
+    );
+}

@@ -125,9 +125,24 @@ pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
         Ok(None)
     }
 
-    /// After each backward pass: reports a collective that failed inside it.
-    fn after_backward(&self) -> Result<(), ParallelError> {
+    /// After each backward pass, with this rank's new gradients of `model` (`grads`, before
+    /// they join the cycle's): completes them where the strategy took them during backward
+    /// (DDP's overlap), and reports a collective that failed inside it.
+    fn after_backward<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        let _ = (model, grads);
         Ok(())
+    }
+
+    /// Whether this strategy reduces the gradients across ranks while backward runs (DDP's
+    /// overlap): a rescale of the cycle's gradients before the step
+    /// (the Accelerator's `scale_gradients`) is then applied to the reduced gradients, as the
+    /// same rescale after the reduction, so the result does not depend on when it ran.
+    fn reduces_in_backward(&self) -> bool {
+        false
     }
 
     /// Makes `grads` (this rank's, accumulated over the cycle) the gradients this rank steps

@@ -283,8 +283,11 @@ impl<T: TrainerTypes> Trainer<T> {
         }
         metrics.insert("epoch", self.state.epoch);
         // The run's last collective is behind: a replica restarted meanwhile is told the run
-        // ended (and ends with the final checkpoint) instead of waiting to be healed.
-        self.acc.end_of_run()?;
+        // ended (and ends with the final checkpoint) instead of waiting to be healed. The run
+        // itself is complete whatever the lighthouse answers.
+        if let Err(e) = self.acc.end_of_run() {
+            tracing::warn!("cannot tell the other replicas the run ended: {e}");
+        }
         self.record(metrics.clone())?;
         if self.acc.is_main_process() {
             write_curves(&self.args.output_dir, &self.state.log_history)?;

@@ -75,8 +75,16 @@ macro_rules! forward_impl {
                 dispatch!(self, s => s.forward_view(model, compute))
             }
 
-            fn after_backward(&self) -> Result<(), ParallelError> {
-                dispatch!(self, s => ParallelStrategy::<B>::after_backward(s))
+            fn after_backward<M: AutodiffModule<B>>(
+                &self,
+                model: &M,
+                grads: &mut GradientsParams,
+            ) -> Result<(), ParallelError> {
+                dispatch!(self, s => ParallelStrategy::<B>::after_backward(s, model, grads))
+            }
+
+            fn reduces_in_backward(&self) -> bool {
+                dispatch!(self, s => ParallelStrategy::<B>::reduces_in_backward(s))
             }
 
             fn reduce_gradients<M: AutodiffModule<B>>(

@@ -1,6 +1,7 @@
 //! DDP's forward view: each parameter behind a gradient hook, an autodiff node whose forward
 //! passes the parameter on and whose backward hands its gradient to the
-//! [`Reducer`](super::reducer::Reducer) while passing it on to the parameter unchanged.
+//! [`Reducer`](super::reducer::Reducer), which keeps it for the step (the parameter itself
+//! gets only what reaches it outside the view; `Ddp::after_backward` adds the two).
 //!
 //! Burn runs backward by node depth, deepest first, and a parameter's depth is 0: a hook on
 //! the parameter alone would run at the very end. So the view's parameters are lazy: a
@@ -158,13 +159,22 @@ impl<I: Backend, const N: usize> Backward<I, N> for HookNode<N> {
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<I>(&ops.node);
         let Some(param) = &ops.parents[0] else {
-            return;
+            return; // the parameter takes no gradient
         };
         let state = ops.state;
         let numel = burn::tensor::TensorMetadata::shape(&grad).num_elements();
         let flat = I::float_reshape(grad.clone(), Shape::new([numel]));
         let flat = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(flat)).cast(DType::F32);
-        state.reducer.ready(state.pass, state.index, flat);
-        grads.register::<I>(param.id, grad);
+        // Kept by the reducer, not registered on the parameter: what reaches the parameter
+        // otherwise (the model used outside the view) then shows at the step
+        // (`Ddp::after_backward` adds the two, and the step reduces that sum instead). The
+        // hook of an older view than the reducer's pass hands it to the parameter, as Burn
+        // would.
+        if !state
+            .reducer
+            .ready(state.pass, state.index, grad.clone(), flat)
+        {
+            grads.register::<I>(param.id, grad);
+        }
     }
 }

@@ -9,6 +9,7 @@ mod tests;
 
 pub use buckets::DEFAULT_BUCKET_CAP_MB;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use reducer::{Reduced, Reducer};
@@ -18,7 +19,8 @@ use std::marker::PhantomData;
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 
 use crate::refuse_quorum::refuse_quorum;
 use crate::{ForwardView, ParallelError, ParallelStrategy, ProcessGroup, StateSaving};
@@ -45,6 +47,11 @@ pub struct Ddp<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     reducer: Option<Arc<Reducer<Inner<B>>>>,
     /// What the thread reduced during the last backward, until the step takes it.
     reduced: Mutex<Option<Reduced<Inner<B>>>>,
+    /// The last backward also reached parameters outside the view (the model used beside
+    /// `acc.forward`): the thread's sums miss that part, so the step reduces after backward.
+    outside_view: AtomicBool,
+    /// That was said in the log (once).
+    said_outside: AtomicBool,
     backend: PhantomData<B>,
 }
 
@@ -58,6 +65,8 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
             bucket_cap_mb: DEFAULT_BUCKET_CAP_MB,
             reducer: None,
             reduced: Mutex::new(None),
+            outside_view: AtomicBool::new(false),
+            said_outside: AtomicBool::new(false),
             backend: PhantomData,
         }
     }
@@ -93,6 +102,33 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         model.visit(&mut lens);
         let pass = reducer.begin(lens.0, self.bucket_cap_mb);
         Some(hook::hooked_view(model, reducer, pass, compute))
+    }
+
+    /// After a backward pass on [`view`](Self::view), with this rank's new gradients of
+    /// `model`: adds the view's gradients, which the hooks handed to the communication thread,
+    /// to what reached the parameters outside the view (a use of the model beside the view:
+    /// then the thread's sums miss that part, and the step reduces the sums after backward);
+    /// then [`finish_backward`](Self::finish_backward).
+    pub fn complete_backward<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        if let Some(reducer) = &self.reducer {
+            let local = reducer.take_local();
+            if local.iter().any(Option::is_some) {
+                // Before the view's gradients join them, `grads` holds only what reached the
+                // parameters some other way.
+                let outside = !grads.is_empty();
+                self.outside_view.store(outside, Ordering::SeqCst);
+                model.visit(&mut AddViewGrads::<B, _> {
+                    grads,
+                    local: local.into_iter(),
+                    backend: PhantomData,
+                });
+            }
+        }
+        self.finish_backward()
     }
 
     /// After a backward pass on [`view`](Self::view): sends the buckets left and waits for
@@ -170,9 +206,20 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        let outside_view = self.outside_view.swap(false, Ordering::SeqCst);
+        if outside_view && overlapped.is_some() && !self.said_outside.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                "DDP: gradients reached the model outside acc.forward (a second forward or a \
+                 penalty on the model itself): such steps reduce their gradients after backward \
+                 instead of during it"
+            );
+        }
         let (plan, reduced) = match overlapped {
-            // The same parameters as the view's (else reduce what `grads` holds).
-            Some((plan, reduced)) if plan.iter().map(Vec::len).sum::<usize>() == slots.len() => {
+            // The same parameters as the view's, whose gradients all came through it (else
+            // reduce what `grads` holds).
+            Some((plan, reduced))
+                if !outside_view && plan.iter().map(Vec::len).sum::<usize>() == slots.len() =>
+            {
                 self.overlapped += 1;
                 (plan, reduced)
             }
@@ -274,8 +321,16 @@ where
         }))
     }
 
-    fn after_backward(&self) -> Result<(), ParallelError> {
-        self.finish_backward()
+    fn after_backward<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        self.complete_backward(model, grads)
+    }
+
+    fn reduces_in_backward(&self) -> bool {
+        self.reducer.is_some()
     }
 
     fn averages_gradients(&self) -> bool {
@@ -364,6 +419,35 @@ struct Slot {
     len: usize,
     dtype: DType,
     present: bool,
+}
+
+/// Adds the view's gradients (`local`, in visit order, as backward produced them) to the
+/// parameters' in `grads`.
+struct AddViewGrads<'a, B: AutodiffBackend, L> {
+    grads: &'a mut GradientsParams,
+    local: L,
+    backend: PhantomData<B>,
+}
+
+impl<B, L> ModuleVisitor<B> for AddViewGrads<'_, B, L>
+where
+    B: AutodiffBackend,
+    L: Iterator<Item = Option<FloatTensor<Inner<B>>>>,
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(Some(view)) = self.local.next() else {
+            return;
+        };
+        let view = Tensor::<Inner<B>, D>::from_primitive(TensorPrimitive::Float(view));
+        let grad = match self.grads.remove::<Inner<B>, D>(param.id) {
+            Some(outside) => {
+                let dtype = outside.dtype();
+                outside.add(view.cast(dtype))
+            }
+            None => view,
+        };
+        self.grads.register::<Inner<B>, D>(param.id, grad);
+    }
 }
 
 /// Takes every gradient out of `grads` (zeros where none), flattened in visit order.

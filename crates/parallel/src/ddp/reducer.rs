@@ -8,6 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 
 use super::buckets::{self, Summed};
 use crate::{ParallelError, ProcessGroup};
@@ -22,6 +23,10 @@ struct Pass<I: Backend> {
     lens: Vec<usize>,
     plan: Arc<Vec<Vec<usize>>>,
     grads: Vec<Option<Tensor<I, 1>>>,
+    /// The hooks' gradients as backward produced them (shape and dtype of the parameter),
+    /// for the step: the hooks hand them here instead of to the parameters, so what reaches
+    /// a parameter besides (a use of the model outside the view) shows.
+    local: Vec<Option<FloatTensor<I>>>,
     /// Where the gradients are (from the first one handed over): a missing one's zeros go
     /// there, even once every handed-over gradient has been sent.
     device: Option<I::Device>,
@@ -68,6 +73,7 @@ impl<I: Backend> Reducer<I> {
                 lens: Vec::new(),
                 plan: Arc::new(Vec::new()),
                 grads: Vec::new(),
+                local: Vec::new(),
                 device: None,
                 next: 0,
                 sending: false,
@@ -108,6 +114,7 @@ impl<I: Backend> Reducer<I> {
         }
         pass.id += 1;
         pass.grads = vec![None; lens.len()];
+        pass.local = vec![None; lens.len()];
         pass.device = None;
         pass.lens = lens;
         pass.next = 0;
@@ -119,18 +126,30 @@ impl<I: Backend> Reducer<I> {
         pass.id
     }
 
-    /// A hook's gradient: parameter `index`'s of pass `id`, flat.
-    pub fn ready(&self, id: u64, index: usize, grad: Tensor<I, 1>) {
+    /// A hook's gradient: parameter `index`'s of pass `id`, as backward produced it (`local`)
+    /// and flat in f32 (`flat`, what the buckets carry). False when it is not this pass's (a
+    /// hook of an older view): the caller keeps it.
+    pub fn ready(&self, id: u64, index: usize, local: FloatTensor<I>, flat: Tensor<I, 1>) -> bool {
         let mut pass = self.lock();
         if pass.id != id || index >= pass.grads.len() {
-            return;
+            return false;
         }
-        pass.device.get_or_insert_with(|| grad.device());
-        pass.grads[index] = Some(grad);
+        pass.device.get_or_insert_with(|| flat.device());
+        pass.grads[index] = Some(flat);
+        pass.local[index] = Some(local);
         pass.arrived.push(index);
         pass.fired = true;
         drop(pass);
         self.shared.1.notify_all();
+        true
+    }
+
+    /// The hooks' gradients of the current pass, by parameter index (taken: a second call
+    /// finds none).
+    pub fn take_local(&self) -> Vec<Option<FloatTensor<I>>> {
+        let mut pass = self.lock();
+        let len = pass.local.len();
+        std::mem::replace(&mut pass.local, vec![None; len])
     }
 
     /// Ends the backward pass: sends the buckets left and waits for all of them. Returns the

@@ -2,7 +2,7 @@
 //! over the shards, and sharded or gathered training states.
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::Optimizer;
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, ElementConversion, Tensor};
 
@@ -71,7 +71,11 @@ where
         }
     }
 
-    fn after_backward(&self) -> Result<(), ParallelError> {
+    fn after_backward<M: AutodiffModule<B>>(
+        &self,
+        _model: &M,
+        _grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
         self.check()
     }
 

@@ -175,9 +175,17 @@ where
         across_rows!(&self.data, s => s.forward_view(model, compute), Ok(None))
     }
 
-    fn after_backward(&self) -> Result<(), ParallelError> {
+    fn after_backward<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
         self.tp.check()?;
-        across_rows!(&self.data, s => ParallelStrategy::<B>::after_backward(s), Ok(()))
+        across_rows!(&self.data, s => ParallelStrategy::<B>::after_backward(s, model, grads), Ok(()))
+    }
+
+    fn reduces_in_backward(&self) -> bool {
+        across_rows!(&self.data, s => ParallelStrategy::<B>::reduces_in_backward(s), false)
     }
 
     fn reduce_gradients<M: AutodiffModule<B>>(
