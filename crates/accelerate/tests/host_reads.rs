@@ -120,11 +120,23 @@ enum Stepper {
 }
 
 /// Host reads of each of 6 steps of a hand-written Accelerator loop on the tiny ViT (AdamW at
-/// the same linear schedule either way), and its parameters after them.
+/// the same linear schedule either way, of 6 steps), and its parameters after them.
 fn hand_loop(
     precision: &str,
     max_grad_norm: Option<f64>,
     stepper: Stepper,
+) -> (Vec<u64>, Vec<f32>) {
+    let linear = HfSchedule::new(SchedulerType::Linear, 1e-3, 2, 6);
+    hand_loop_over(precision, max_grad_norm, stepper, linear)
+}
+
+/// [`hand_loop`] at the rates of `schedule` (one of fewer than 6 steps is stepped past its
+/// end).
+fn hand_loop_over(
+    precision: &str,
+    max_grad_norm: Option<f64>,
+    stepper: Stepper,
+    schedule: HfSchedule,
 ) -> (Vec<u64>, Vec<f32>) {
     let _rng = rng_lock();
     let device = Default::default();
@@ -140,7 +152,7 @@ fn hand_loop(
     };
     let mut acc = Accelerator::<B>::new(config, device).unwrap();
     let mut model = acc.setup_model(tiny_vit().init::<B>(&device)).unwrap();
-    let schedule = || HfSchedule::new(SchedulerType::Linear, 1e-3, 2, 6);
+    let schedule = || schedule.clone();
     let mut on_device = DeviceAdamW::new(DeviceAdamWConfig::default(), schedule());
     let mut burns = AdamWConfig::new().init();
     let mut host_schedule = schedule();
@@ -203,4 +215,21 @@ fn a_hand_written_loop_with_device_adamw_reads_nothing_and_equals_burns_adamw() 
             );
         }
     }
+}
+
+/// A loop that steps past its schedule's end (a 3-step schedule stepped 6 times) gets the
+/// schedule's rates there, as Burn's AdamW with the same schedule does: no panic, and no read
+/// past the device's tables (an out-of-bounds read on CUDA).
+#[test]
+fn device_adamw_stepped_past_its_schedule_equals_burns_adamw() {
+    // Cosine: its rate rises again past the end, so every step moves the parameters.
+    let short = || HfSchedule::new(SchedulerType::Cosine, 1e-3, 1, 3);
+    let (reads, params) = hand_loop_over("32-true", None, Stepper::Device, short());
+    assert_eq!(reads, vec![0; 6]);
+    let burn = Stepper::Burn(NonFinitePolicy::Skip);
+    let (_, burns) = hand_loop_over("32-true", None, burn, short());
+    assert_eq!(
+        params, burns,
+        "Burn's AdamW at the schedule's rates, bitwise"
+    );
 }

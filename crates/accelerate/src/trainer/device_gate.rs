@@ -30,6 +30,13 @@ pub(super) struct TrainerGate<B: Backend> {
     tables: Option<Tables<B>>,
     /// Optimizer steps applied in the run so far, `[1]`, on the device.
     applied: Option<Tensor<B, 1, Int>>,
+    /// The device of the tables.
+    device: Option<B::Device>,
+    /// Steps applied when the gate started, and steps opened since: together a bound on the
+    /// steps applied, known on the host, which keeps the tables long enough (a loop that
+    /// steps past the schedule's end gets its rates there, never a read past a table).
+    done: u64,
+    opened: u64,
 }
 
 impl<B: Backend> TrainerGate<B> {
@@ -63,17 +70,34 @@ impl<B: Backend> TrainerGate<B> {
             betas,
             tables: None,
             applied: None,
+            device: None,
+            done: 0,
+            opened: 0,
         }
     }
 
     /// Builds the tables for a run of `max_steps` optimizer steps, `done` of them applied
     /// already (a resumed run), on `device`.
     pub(super) fn start(&mut self, max_steps: usize, done: u64, device: &B::Device) {
-        let steps = max_steps.max(1) + 1;
+        self.device = Some(device.clone());
+        self.done = done;
+        self.opened = 0;
+        self.build(max_steps.max(done as usize + 1));
+        let done = TensorData::new(vec![done as i64], [1]);
+        self.applied = Some(Tensor::from_data(done, device));
+    }
+
+    /// (Re)builds the tables for the first `steps` optimizer steps: the rate and decay of
+    /// steps 0..=steps, the bias corrections of step counts 0..=steps + 1.
+    fn build(&mut self, steps: usize) {
+        let Some(device) = self.device.clone() else {
+            return;
+        };
+        let steps = steps.max(1) + 1;
         let rates: Vec<f64> = (0..steps).map(|k| self.schedule.lr_at(k)).collect();
         let f32s = |values: Vec<f32>| {
             let len = values.len();
-            Tensor::<B, 1>::from_data(TensorData::new(values, [len]), device)
+            Tensor::<B, 1>::from_data(TensorData::new(values, [len]), &device)
         };
         // Burn's AdamW multiplies by `lr` and by `1 - lr * weight_decay`, each an f64 made f32.
         let decay = rates
@@ -83,17 +107,26 @@ impl<B: Backend> TrainerGate<B> {
         self.tables = Some(Tables {
             lr: f32s(rates.iter().map(|lr| *lr as f32).collect()),
             decay: f32s(decay),
-            bias_1: bias_table(self.betas.0, steps + 1, device),
-            bias_2: bias_table(self.betas.1, steps + 1, device),
+            bias_1: bias_table(self.betas.0, steps + 1, &device),
+            bias_2: bias_table(self.betas.1, steps + 1, &device),
         });
-        let done = TensorData::new(vec![done.min(steps as u64 - 1) as i64], [1]);
-        self.applied = Some(Tensor::from_data(done, device));
     }
 
     /// Sets the gate of the next optimizer step from its skip flag (true to skip), and counts
     /// the step as applied on the device where it is not skipped. Called after
     /// [`start`](Self::start).
     pub(super) fn open(&mut self, skip: Tensor<B, 1, Bool>) {
+        // The steps applied after this one are at most `done + opened + 1`: the tables must
+        // hold that step's rate and count (a hand-written loop may step past its schedule).
+        let bound = (self.done + self.opened + 1) as usize;
+        if self
+            .tables
+            .as_ref()
+            .is_some_and(|t| t.lr.dims()[0] <= bound)
+        {
+            self.build(2 * bound);
+        }
+        self.opened += 1;
         // Both callers (the Trainer's loop, `DeviceAdamW::step`) start the gate first: without
         // tables the optimizer would silently run Burn's step at the placeholder rate.
         let (Some(tables), Some(applied)) = (&self.tables, self.applied.take()) else {

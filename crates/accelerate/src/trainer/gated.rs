@@ -126,7 +126,12 @@ impl<B: Backend> GatedAdamW<B> {
             .mul_scalar(self.beta_2)
             .add(grad.square().mul_scalar(factor_2));
         let time = state.time.clone() + 1;
-        let at = |table: &Tensor<B, 1>| broadcast::<B, D>(table.clone().select(0, time.clone()));
+        // The gate's tables cover every step count the run reaches (TrainerGate grows them);
+        // the clamp keeps a count they do not cover from reading past them.
+        let at = |table: &Tensor<B, 1>| {
+            let last = table.dims()[0] as i64 - 1;
+            broadcast::<B, D>(table.clone().select(0, time.clone().clamp_max(last)))
+        };
         let corrected_1 = moment_1.clone().div(at(&gate.bias_1));
         let corrected_2 = moment_2.clone().div(at(&gate.bias_2));
         let delta = corrected_1.div(corrected_2.sqrt().add_scalar(self.epsilon));
