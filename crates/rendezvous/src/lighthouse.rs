@@ -171,34 +171,6 @@ impl Lighthouse {
         self.lock().departures.clone()
     }
 
-    /// The optimizer step the run ended at, once a member said so ([`end_run`](Self::end_run)).
-    pub fn ended_at(&self) -> Option<u64> {
-        self.lock().ended
-    }
-
-    /// The replicas waiting for a live state to join the run, in order.
-    pub fn joiners(&self) -> Vec<usize> {
-        self.lock().joiners.keys().copied().collect()
-    }
-
-    /// `session`'s replica finished training at optimizer `step`, after its last collective of
-    /// the run: no live replica will send a state from now on, so a replica waiting to join
-    /// (or joining later) is told the run ended rather than left waiting.
-    pub fn end_run(&self, session: &Session, step: u64) -> Result<(), RendezvousError> {
-        let mut state = self.lock();
-        Self::check_session(&state, session, "end_run")?;
-        if state.ended.is_none() {
-            tracing::info!(
-                replica = session.replica,
-                step,
-                "the run ended; replicas that ask to join from now on are told so"
-            );
-        }
-        state.ended = Some(state.ended.map_or(step, |s| s.max(step)));
-        self.changed.notify_all();
-        Ok(())
-    }
-
     /// Bytes of live state passed from live replicas to joining ones so far.
     pub fn healing_bytes(&self) -> u64 {
         self.lock().healing_bytes

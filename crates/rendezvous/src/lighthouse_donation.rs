@@ -1,5 +1,6 @@
 //! Healing through the lighthouse: a live replica's state handed to the replicas waiting to
-//! join, which take part from the collective after it.
+//! join, which take part from the collective after it; once the run ended, a joiner is told
+//! so instead.
 
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
@@ -8,6 +9,34 @@ use super::{Donation, Lighthouse, Member, Session};
 use crate::RendezvousError;
 
 impl Lighthouse {
+    /// The optimizer step the run ended at, once a member said so ([`end_run`](Self::end_run)).
+    pub fn ended_at(&self) -> Option<u64> {
+        self.lock().ended
+    }
+
+    /// The replicas waiting for a live state to join the run, in order.
+    pub fn joiners(&self) -> Vec<usize> {
+        self.lock().joiners.keys().copied().collect()
+    }
+
+    /// `session`'s replica finished training at optimizer `step`, after its last collective of
+    /// the run: no live replica will send a state from now on, so a replica waiting to join
+    /// (or joining later) is told the run ended rather than left waiting.
+    pub fn end_run(&self, session: &Session, step: u64) -> Result<(), RendezvousError> {
+        let mut state = self.lock();
+        Self::check_session(&state, session, "end_run")?;
+        if state.ended.is_none() {
+            tracing::info!(
+                replica = session.replica,
+                step,
+                "the run ended; replicas that ask to join from now on are told so"
+            );
+        }
+        state.ended = Some(state.ended.map_or(step, |s| s.max(step)));
+        self.changed.notify_all();
+        Ok(())
+    }
+
     /// The donor's state for every waiting joiner: they take part from collective `next_seq`.
     pub fn send_state(
         &self,

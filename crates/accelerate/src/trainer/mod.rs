@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+mod across_ranks;
 mod args;
 mod args_file;
 mod callbacks;

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use crate::parallel::ParallelStrategy;
-use burn::tensor::{Tensor, TensorData};
 
 use super::TrainerTypes;
 use super::checkpoints::{
@@ -17,7 +16,6 @@ use super::{
     Flow, IntervalStrategy, LogEntry, LossNormalization, Metrics, TrainLoss, TrainSummary, Trainer,
     TrainerState, lost_model, resolve_checkpoint,
 };
-use crate::parallel::ReduceOp;
 use crate::{AccelerateError, StepOutcome};
 
 /// How training goes on after an optimizer step.
@@ -489,28 +487,6 @@ impl<T: TrainerTypes> Trainer<T> {
             .write(&entry, self.state.global_step, self.state.max_steps, items)?;
         self.state.log_history.push(entry.clone());
         Ok(entry)
-    }
-
-    /// `(sum / count, count)` of per-rank sums and counts.
-    fn mean_across_ranks(&self, sum: f64, count: u64) -> Result<(f64, f64), AccelerateError> {
-        let totals = self.sum_across_ranks(vec![sum, count as f64])?;
-        Ok((totals[0] / totals[1].max(1.0), totals[1]))
-    }
-
-    /// Element-wise sums over ranks (the values themselves on one device).
-    pub(super) fn sum_across_ranks(&self, values: Vec<f64>) -> Result<Vec<f64>, AccelerateError> {
-        if self.acc.world_size() == 1 {
-            return Ok(values);
-        }
-        let len = values.len();
-        let tensor = Tensor::<T::Backend, 1>::from_data(
-            TensorData::new(values.iter().map(|v| *v as f32).collect(), [len]),
-            self.acc.device(),
-        );
-        let summed = self.acc.reduce(tensor, ReduceOp::Sum)?;
-        let data = summed.into_data().convert::<f64>();
-        data.to_vec::<f64>()
-            .map_err(|e| AccelerateError::Usage(format!("reading a reduced metric: {e:?}")))
     }
 }
 

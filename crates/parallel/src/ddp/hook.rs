@@ -18,7 +18,10 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::module::{Module, ModuleMapper, Param};
+use std::marker::PhantomData;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
@@ -176,5 +179,34 @@ impl<I: Backend, const N: usize> Backward<I, N> for HookNode<N> {
         {
             grads.register::<I>(param.id, grad);
         }
+    }
+}
+
+/// Adds the view's gradients (`local`, in visit order, as backward produced them) to the
+/// parameters' in `grads`.
+pub(crate) struct AddViewGrads<'a, B: AutodiffBackend, L> {
+    pub(crate) grads: &'a mut GradientsParams,
+    pub(crate) local: L,
+    pub(crate) backend: PhantomData<B>,
+}
+
+impl<B, L> ModuleVisitor<B> for AddViewGrads<'_, B, L>
+where
+    B: AutodiffBackend,
+    L: Iterator<Item = Option<FloatTensor<Inner<B>>>>,
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(Some(view)) = self.local.next() else {
+            return;
+        };
+        let view = Tensor::<Inner<B>, D>::from_primitive(TensorPrimitive::Float(view));
+        let grad = match self.grads.remove::<Inner<B>, D>(param.id) {
+            Some(outside) => {
+                let dtype = outside.dtype();
+                outside.add(view.cast(dtype))
+            }
+            None => view,
+        };
+        self.grads.register::<Inner<B>, D>(param.id, grad);
     }
 }

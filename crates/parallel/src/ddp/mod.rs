@@ -19,8 +19,7 @@ use std::marker::PhantomData;
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor};
 
 use crate::refuse_quorum::refuse_quorum;
 use crate::{ForwardView, ParallelError, ParallelStrategy, ProcessGroup, StateSaving};
@@ -121,7 +120,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
                 // parameters some other way.
                 let outside = !grads.is_empty();
                 self.outside_view.store(outside, Ordering::SeqCst);
-                model.visit(&mut AddViewGrads::<B, _> {
+                model.visit(&mut hook::AddViewGrads::<B, _> {
                     grads,
                     local: local.into_iter(),
                     backend: PhantomData,
@@ -419,35 +418,6 @@ struct Slot {
     len: usize,
     dtype: DType,
     present: bool,
-}
-
-/// Adds the view's gradients (`local`, in visit order, as backward produced them) to the
-/// parameters' in `grads`.
-struct AddViewGrads<'a, B: AutodiffBackend, L> {
-    grads: &'a mut GradientsParams,
-    local: L,
-    backend: PhantomData<B>,
-}
-
-impl<B, L> ModuleVisitor<B> for AddViewGrads<'_, B, L>
-where
-    B: AutodiffBackend,
-    L: Iterator<Item = Option<FloatTensor<Inner<B>>>>,
-{
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(Some(view)) = self.local.next() else {
-            return;
-        };
-        let view = Tensor::<Inner<B>, D>::from_primitive(TensorPrimitive::Float(view));
-        let grad = match self.grads.remove::<Inner<B>, D>(param.id) {
-            Some(outside) => {
-                let dtype = outside.dtype();
-                outside.add(view.cast(dtype))
-            }
-            None => view,
-        };
-        self.grads.register::<Inner<B>, D>(param.id, grad);
-    }
 }
 
 /// Takes every gradient out of `grads` (zeros where none), flattened in visit order.
