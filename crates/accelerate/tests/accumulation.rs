@@ -102,3 +102,42 @@ fn step_before_backward_is_a_usage_error() {
         .to_string();
     assert!(err.contains("backward() first"), "{err}");
 }
+
+/// A loop that takes each cycle's batches before training them (to count their items, as
+/// HF's `num_items_in_batch`) steps once per cycle, like a loop that takes them one at a
+/// time: the epoch's end, reached when its last batch is taken, flushes only the last cycle.
+#[test]
+fn taking_a_cycles_batches_first_steps_once_per_cycle() {
+    let _rng = rng_lock();
+    let run = |per_take: usize| {
+        let mut acc = accelerator(3);
+        let (mut model, mut optim) = acc.setup(vit(9), SgdConfig::new().init()).unwrap();
+        // 8 batches: cycles of 3, 3 and 2.
+        let loader = acc
+            .dataloader(digits::load().unwrap().take(64), BATCHER, 8)
+            .unwrap();
+        let mut epoch = loader.epoch(0);
+        loop {
+            let taken: Vec<_> = epoch.by_ref().take(per_take).collect();
+            if taken.is_empty() {
+                break;
+            }
+            for batch in taken {
+                let logits = acc
+                    .forward(&model, batch.images.clone(), |m, x| m.forward(x))
+                    .unwrap();
+                acc.backward(cross_entropy(logits, &batch), &model).unwrap();
+                model = acc.step(model, &mut optim, &mut 0.5).unwrap();
+            }
+        }
+        (acc.counters().optimizer_steps, flatten(&params(&model)))
+    };
+    let (steps, one_by_one) = run(1);
+    assert_eq!(steps, 3);
+    let (steps, cycle_first) = run(3);
+    assert_eq!(
+        steps, 3,
+        "the last cycle's micro-batches, taken first, must not step one by one"
+    );
+    assert_eq!(cycle_first, one_by_one);
+}

@@ -321,15 +321,20 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     }
 
     /// True when the next [`step`](Self::step) will update the parameters: the cycle holds
-    /// `gradient_accumulation_steps` micro-batches, or the training loader's epoch just ended.
+    /// `gradient_accumulation_steps` micro-batches, or the training loader's epoch has handed
+    /// out its last batch and the cycle holds the epoch's last (short) cycle: its
+    /// `num_batches mod gradient_accumulation_steps` micro-batches. A loop that takes a
+    /// cycle's batches before training them (to count its items, as HF's
+    /// `num_items_in_batch`) so still steps once per cycle.
     pub fn sync_gradients(&self) -> bool {
-        let end_of_epoch = self
-            .progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .end_of_epoch();
-        self.micro_in_cycle >= self.config.gradient_accumulation_steps
-            || (self.micro_in_cycle > 0 && end_of_epoch)
+        let accumulation = self.config.gradient_accumulation_steps;
+        let progress = *self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        let last_cycle = match progress.num_batches % accumulation {
+            0 => accumulation,
+            short => short,
+        };
+        self.micro_in_cycle >= accumulation
+            || (progress.end_of_epoch() && self.micro_in_cycle >= last_cycle)
     }
 
     /// Ends a micro-batch: when [`sync_gradients`](Self::sync_gradients) is true, unscales,
