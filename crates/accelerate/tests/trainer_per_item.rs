@@ -212,3 +212,30 @@ fn two_ranks_equal_the_full_batch(batch: usize, micro_batches: usize) {
         );
     }
 }
+
+/// Under fp16 the summed losses go back divided by about one micro-batch's items, so their
+/// gradients fit the loss scale as a mean's do: the step is applied (a summed loss's
+/// gradients, `items` times larger, overflowed at the initial scale and the step was skipped),
+/// and the micro-batches still equal the whole batch.
+#[test]
+fn per_item_under_fp16_fits_the_loss_scale() {
+    let _rng = rng_lock();
+    let fp16 = |batch, accumulation| TrainingArguments {
+        precision: "16-mixed".parse().unwrap(),
+        ..args(batch, accumulation, LossNormalization::PerItem)
+    };
+    let before = flatten(&params(&MaskedVit { vit: vit(21) }));
+    let full = one_step(fp16(16, 1));
+    assert!(
+        max_diff(&full, &before) > 1e-3,
+        "the fp16 step was skipped (overflow)"
+    );
+    let split = one_step(fp16(4, 4));
+    let exact = one_step(args(16, 1, LossNormalization::PerItem));
+    let scale = max_diff(&exact, &before);
+    // Within fp16's own error of the 32-bit step.
+    for (name, run) in [("whole batch", &full), ("4 micro-batches", &split)] {
+        let error = max_diff(run, &exact) / scale;
+        assert!(error < 2e-2, "{name} at 16-mixed: {error:e} of the step");
+    }
+}

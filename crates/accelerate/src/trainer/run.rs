@@ -92,6 +92,7 @@ impl<T: TrainerTypes> Trainer<T> {
         let first_batch = self.state.batches_total;
         let per_item = self.args.loss_normalization == LossNormalization::PerItem;
         let mut cycle_items = 0usize;
+        let mut cycle_scale = None;
         done |= self.state.global_step >= self.state.max_steps;
         for epoch in start_epoch..self.epochs {
             if done {
@@ -112,8 +113,15 @@ impl<T: TrainerTypes> Trainer<T> {
                 let (loss, divisor) = match per_item {
                     true => {
                         let (sum, items) = model.train_loss_sum(&self.acc, batch)?;
+                        // Backward on the sum over about one micro-batch's items: a summed
+                        // loss has gradients `items` times the mean's, which fp16's loss
+                        // scale would overflow; `normalise_per_item` scales back.
+                        let scale = match cycle_scale {
+                            Some(scale) => scale,
+                            None => *cycle_scale.insert(self.per_item_scale(items)?),
+                        };
                         cycle_items += items;
-                        (sum, items.max(1) as f64)
+                        (sum.div_scalar(scale), items.max(1) as f64 / scale)
                     }
                     false => (model.train_loss(&self.acc, batch)?, 1.0),
                 };
@@ -122,7 +130,9 @@ impl<T: TrainerTypes> Trainer<T> {
                 self.state.batches_total += 1;
                 self.acc.backward(loss, &model)?;
                 if per_item && self.acc.sync_gradients() {
-                    self.normalise_per_item(&model, std::mem::take(&mut cycle_items))?;
+                    let items = std::mem::take(&mut cycle_items);
+                    let scale = cycle_scale.take().unwrap_or(1.0);
+                    self.normalise_per_item(&model, items, scale)?;
                 }
                 let model = match self.gate.as_mut() {
                     // The skip, the clip and the loss scale decided on the device (no read).
@@ -198,14 +208,28 @@ impl<T: TrainerTypes> Trainer<T> {
         }
     }
 
+    /// The constant a cycle's summed losses are divided by before backward, so that their
+    /// gradients are about a mean's size: the first micro-batch's items, averaged over the
+    /// ranks where they average gradients (the same divisor on every rank: DDP may reduce
+    /// during backward).
+    fn per_item_scale(&self, items: usize) -> Result<f64, AccelerateError> {
+        let world = self.acc.world_size();
+        let items = match self.acc.strategy().averages_gradients() && world > 1 {
+            true => self.sum_across_ranks(vec![items as f64])?[0] / world as f64,
+            false => items as f64,
+        };
+        Ok(items.max(1.0))
+    }
+
     /// Per-item loss normalisation at the end of a cycle whose summed losses were
-    /// back-propagated: the Accelerator divided them by the cycle's micro-batches and, under
-    /// DDP-like strategies, averaged over the ranks; this makes it a division by the items of
-    /// the whole cycle on every rank.
+    /// back-propagated divided by `scale`: the Accelerator divided them by the cycle's
+    /// micro-batches and, under DDP-like strategies, averaged over the ranks; this makes it a
+    /// division by the items of the whole cycle on every rank.
     fn normalise_per_item(
         &mut self,
         model: &T::Model,
         items: usize,
+        scale: f64,
     ) -> Result<(), AccelerateError> {
         let micro = self.acc.pending_micro_batches() as f64;
         let (items, ranks) = match self.acc.strategy().averages_gradients() {
@@ -222,7 +246,8 @@ impl<T: TrainerTypes> Trainer<T> {
                 "at least one item in every accumulation cycle (train_loss_sum counted none)",
             ));
         }
-        self.acc.scale_gradients(model, micro * ranks / items)
+        self.acc
+            .scale_gradients(model, micro * ranks * scale / items)
     }
 
     /// The end of training: Local SGD's last average, a final save under
@@ -337,7 +362,7 @@ impl<T: TrainerTypes> Trainer<T> {
             self.save()?;
         }
         self.meter.resume();
-        if self.acc.world_size() > 1 && !self.callbacks.is_empty() {
+        if self.acc.world_size() > 1 && self.callbacks.iter().any(|c| c.may_stop()) {
             let stop = (flow == Flow::Stop) as u64 as f64;
             let (any, _) = self.mean_across_ranks(stop, 1)?;
             flow = if any > 0.0 {
