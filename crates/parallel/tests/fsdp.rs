@@ -143,8 +143,9 @@ fn train(world: usize, fsdp: Option<FsdpConfig>) -> Vec<Report> {
             model = fsdp.shard(model).map_err(err)?;
             for step in &data {
                 let view = fsdp.view(&model, None).map_err(err)?;
-                let grads = GradientsParams::from_grads(loss(&view, step, rank).backward(), &model);
-                fsdp.check().map_err(err)?;
+                let mut grads =
+                    GradientsParams::from_grads(loss(&view, step, rank).backward(), &model);
+                fsdp.finish_backward(&model, &mut grads).map_err(err)?;
                 model = optim.step(1e-2, model, grads);
                 fsdp.after_step(&model).map_err(err)?;
             }

@@ -3,8 +3,9 @@
 //!
 //! Forward: `all_gather` of the unit's local buffer (or, under `grad-op`, the unit's replicated
 //! values kept since the last step). Backward: the gradient of the full buffer is averaged
-//! across ranks with `reduce_scatter` and this rank's piece goes to the local buffer, from where
-//! Burn's own nodes carry it to the shard parameters. A collective that fails cannot return an
+//! across ranks with `reduce_scatter` and this rank's piece is kept for the unit, from where
+//! the strategy gives it to the shard parameters after backward (it also flows on to the
+//! view's leaves, which are not the parameters). A collective that fails cannot return an
 //! error from inside Burn's backward: the failure is recorded (see [`Exchange`]), zeros flow on,
 //! and the Accelerator reports the error when `backward` returns.
 
@@ -39,12 +40,18 @@ pub(crate) struct Stats {
     pub(crate) values_moved: AtomicU64,
 }
 
+/// The gradients the gather nodes of a backward pass produced: `(unit, this rank's piece of
+/// the unit's averaged gradient)`, a `FloatTensor` of the inner backend, taken by the
+/// strategy after backward.
+pub(crate) type ViewGrads = Arc<Mutex<Vec<(usize, Box<dyn Any + Send>)>>>;
+
 /// What gather nodes share with the [`Fsdp`](super::Fsdp) that made them: the group, the first
-/// failure, counters.
+/// failure, counters, the gradients of the views.
 pub(crate) struct Exchange<G> {
     pub(crate) group: SharedGroup<G>,
     pub(crate) failure: Arc<Mutex<Option<ParallelError>>>,
     pub(crate) stats: Arc<Stats>,
+    pub(crate) view_grads: ViewGrads,
 }
 
 impl<G> Clone for Exchange<G> {
@@ -53,7 +60,35 @@ impl<G> Clone for Exchange<G> {
             group: self.group.clone(),
             failure: self.failure.clone(),
             stats: self.stats.clone(),
+            view_grads: self.view_grads.clone(),
         }
+    }
+}
+
+impl<G> Exchange<G> {
+    /// Each unit's gradient kept since the last call (summed where a unit was gathered more
+    /// than once, a recomputed block), in unit order.
+    pub(crate) fn take_view_grads<I: Backend>(&self, units: usize) -> Vec<Option<Tensor<I, 1>>> {
+        let kept = std::mem::take(
+            &mut *self
+                .view_grads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let mut summed: Vec<Option<Tensor<I, 1>>> = vec![None; units];
+        for (unit, grad) in kept {
+            let Ok(grad) = grad.downcast::<FloatTensor<I>>() else {
+                continue;
+            };
+            let grad = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(*grad));
+            if let Some(slot) = summed.get_mut(unit) {
+                *slot = Some(match slot.take() {
+                    Some(sum) => sum.add(grad),
+                    None => grad,
+                });
+            }
+        }
+        summed
     }
 }
 
@@ -172,9 +207,13 @@ pub(crate) fn is_burn_autodiff<B: AutodiffBackend>() -> bool {
 
 /// The unit's full buffer (rank-major: every rank's local buffer in rank order) from this
 /// rank's `local` buffer: gathered now, or `replicated` when given (`grad-op`). Gradients of
-/// the result reach `local` through a reduce-scatter.
+/// the result are reduce-scattered in backward and kept in the exchange for `unit` (the
+/// strategy gives them to the shard parameters after backward: `local` is made of the view's
+/// own leaves, so any gradient the parameters get in the graph is the loss reading the
+/// sharded model outside the view).
 pub(crate) fn gather<B, G>(
     local: Tensor<B, 1>,
+    unit: usize,
     replicated: Option<Tensor<Inner<B>, 1>>,
     exchange: &Exchange<G>,
 ) -> Tensor<B, 1>
@@ -197,6 +236,7 @@ where
     let full = full.into_primitive().tensor();
     let state = GatherState {
         exchange: exchange.clone(),
+        unit,
         local_len,
         dtype,
     };
@@ -223,6 +263,7 @@ impl<G> std::fmt::Debug for GatherNode<G> {
 
 struct GatherState<G> {
     exchange: Exchange<G>,
+    unit: usize,
     local_len: usize,
     dtype: DType,
 }
@@ -240,6 +281,7 @@ impl<G> Clone for GatherState<G> {
     fn clone(&self) -> Self {
         Self {
             exchange: self.exchange.clone(),
+            unit: self.unit,
             local_len: self.local_len,
             dtype: self.dtype,
         }
@@ -257,7 +299,17 @@ impl<I: Backend, G: ProcessGroup<I> + 'static> Backward<I, 1> for GatherNode<G> 
         let full = Tensor::<I, 1>::from_primitive(TensorPrimitive::Float(full));
         let mine = state.exchange.reduce_scatter(full).cast(state.dtype);
         debug_assert_eq!(mine.dims(), [state.local_len]);
-        grads.register::<I>(parent.id, mine.into_primitive().tensor());
+        let mine = mine.into_primitive().tensor();
+        let kept: Box<dyn Any + Send> = Box::new(mine.clone());
+        state
+            .exchange
+            .view_grads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((state.unit, kept));
+        // On to the view's own leaves too (not the parameters): a recomputed block's gradients
+        // leave its recompute through them, after this reduce-scatter.
+        grads.register::<I>(parent.id, mine);
     }
 }
 

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 
 use afterburner_checkpoint::DerivedParams;
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Tensor};
 
@@ -39,9 +40,10 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 ///
 /// Use: every rank starts from the same parameters (broadcast them with
 /// [`Ddp::setup`](crate::Ddp::setup)), calls [`shard`](Self::shard) once, then per micro-batch
-/// runs the forward pass on [`view`](Self::view) of the sharded model and `backward` as
-/// usual: `GradientsParams::from_grads(grads, &sharded)` holds this rank's shard of the
-/// gradients, already averaged over ranks. After each optimizer step call
+/// runs the forward pass on [`view`](Self::view) of the sharded model, `backward`, and
+/// [`ParallelStrategy::after_backward`](crate::ParallelStrategy::after_backward) on
+/// `GradientsParams::from_grads(grads, &sharded)`, which then holds this rank's shard of the
+/// gradients, averaged over ranks. After each optimizer step call
 /// [`after_step`](Self::after_step). Needs Burn's `Autodiff<_, _>` backend.
 pub struct Fsdp<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     config: FsdpConfig,
@@ -86,6 +88,7 @@ where
                 group,
                 failure: Default::default(),
                 stats: Arc::new(Stats::default()),
+                view_grads: Default::default(),
             },
             state: Mutex::new(Sharded {
                 layout: None,
@@ -191,6 +194,41 @@ where
             .collect::<Vec<_>>();
         self.check()?;
         view::from_buffers(sharded.clone(), &layout, buffers)
+    }
+
+    /// After each backward pass, on `GradientsParams::from_grads(grads, &sharded)`: gives the
+    /// shard parameters their pieces of the units' gradients (reduce-scattered during
+    /// backward) and reports a collective that failed in it. A loss that reached the sharded
+    /// model outside the view (outside `acc.forward`) is refused: there each rank's
+    /// parameters are its shards, so the term is not the one-device loss.
+    pub fn finish_backward<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        let layout = self.layout_or_err()?;
+        let units = self
+            .exchange
+            .take_view_grads::<Inner<B>>(layout.units.len());
+        self.check()?;
+        if let Some(id) = view::reached_outside_view::<B, M>(model, grads) {
+            return Err(ParallelError::InvalidConfig {
+                field: "strategy",
+                value: format!(
+                    "fsdp (sharding_strategy = {})",
+                    self.config().sharding_strategy
+                ),
+                expected: format!(
+                    "a loss computed from acc.forward's output only: it read parameter {id} of \
+                     the model outside acc.forward, where under FSDP each rank holds only its \
+                     shards, so that term is not the loss one device computes. Compute it \
+                     inside the forward closure (`acc.forward(&model, x, |m, x| (m.forward(x), \
+                     penalty(m)))`, on the gathered parameters), or train with \"ddp\" or \
+                     sharding_strategy = \"none\""
+                ),
+            });
+        }
+        view::add_view_grads::<B, M>(model, &layout, units, grads)
     }
 
     /// After each optimizer step: under `grad-op`, gathers every unit's new values (one

@@ -71,12 +71,13 @@ where
         }
     }
 
+    /// [`Fsdp::finish_backward`].
     fn after_backward<M: AutodiffModule<B>>(
         &self,
-        _model: &M,
-        _grads: &mut GradientsParams,
+        model: &M,
+        grads: &mut GradientsParams,
     ) -> Result<(), ParallelError> {
-        self.check()
+        self.finish_backward(model, grads)
     }
 
     // `reduce_gradients`: nothing to do, each backward pass reduce-scattered to the shards.
@@ -105,6 +106,21 @@ where
 
     fn averages_gradients(&self) -> bool {
         true
+    }
+
+    fn decides_on_device(&self) -> bool {
+        true
+    }
+
+    /// The shards' measures summed by one all-reduce on the device (in f32, as
+    /// [`global_squared_norm`](ParallelStrategy::global_squared_norm) sums them).
+    fn sum_over_parts_on_device(
+        &self,
+        local: Tensor<Inner<B>, 1>,
+    ) -> Result<Tensor<Inner<B>, 1>, ParallelError> {
+        let dtype = local.dtype();
+        let total = Fsdp::group(self).all_reduce(local.cast(DType::F32), ReduceOp::Sum)?;
+        Ok(total.cast(dtype))
     }
 
     fn full_model<M: AutodiffModule<B>>(&self, model: &M) -> Result<M, ParallelError> {

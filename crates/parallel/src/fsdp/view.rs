@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
@@ -301,7 +302,7 @@ where
         .into_iter()
         .map(|p| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(p)))
         .collect();
-    let full = gather::gather(Tensor::cat(parts, 0), replicated, exchange);
+    let full = gather::gather(Tensor::cat(parts, 0), unit, replicated, exchange);
     layout.units[unit]
         .slots
         .iter()
@@ -352,10 +353,15 @@ where
             let require_grad = value.is_require_grad();
             let device = value.device();
             let cell = self.cells[slot.unit].clone();
+            // A leaf of its own (the same values), not the parameter: the unit's gradient
+            // reaches the shard parameters after backward (`add_view_grads`), so that any
+            // gradient a parameter gets in the graph is the loss reading it outside the view.
+            let part = value.clone().inner().reshape([slot.chunk]);
+            let tracked = value.is_require_grad();
             cell.parts
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(value.reshape([slot.chunk]));
+                .push(Tensor::from_inner(part).set_require_grad(tracked));
             let position = self.ids[slot.unit].len();
             self.ids[slot.unit].push(id);
             let shape = Shape::from(slot.shape.clone());
@@ -418,4 +424,64 @@ where
         })
         .collect();
     Ok((view, units))
+}
+
+/// The first float parameter of a sharded `model` that has a gradient in `grads` (before
+/// [`add_view_grads`]: one the loss reached outside the view).
+pub(crate) fn reached_outside_view<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> Option<ParamId> {
+    struct Find<'a>(&'a GradientsParams, Option<ParamId>);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Find<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.1.is_none() && self.0.get::<Inner<B>, D>(param.id).is_some() {
+                self.1 = Some(param.id);
+            }
+        }
+    }
+    let mut find = Find(grads, None);
+    model.visit(&mut find);
+    find.1
+}
+
+/// Gives every shard parameter of `model` its piece of its unit's gradient (`units`, as the
+/// gather nodes kept them), registered in `grads` under the parameter's id.
+pub(crate) fn add_view_grads<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    layout: &ShardLayout,
+    units: Vec<Option<Tensor<Inner<B>, 1>>>,
+    grads: &mut GradientsParams,
+) -> Result<(), ParallelError> {
+    struct Give<'a, B: AutodiffBackend> {
+        cursor: Cursor<'a>,
+        units: Vec<Option<Tensor<Inner<B>, 1>>>,
+        grads: &'a mut GradientsParams,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Give<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let value = param.val();
+            let Some(slot) = self.cursor.advance(param.id, &value.dims(), true) else {
+                return;
+            };
+            if !value.is_require_grad() {
+                return;
+            }
+            let Some(Some(unit)) = self.units.get(slot.unit) else {
+                return;
+            };
+            let grad = unit
+                .clone()
+                .narrow(0, slot.offset, slot.chunk)
+                .reshape(shard_dims::<D>(slot.chunk));
+            self.grads.register::<Inner<B>, D>(param.id, grad);
+        }
+    }
+    let mut give = Give::<B> {
+        cursor: Cursor::new(layout),
+        units,
+        grads,
+    };
+    model.visit(&mut give);
+    give.cursor.finish()
 }

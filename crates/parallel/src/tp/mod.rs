@@ -107,6 +107,7 @@ impl<G> TensorParallel<G> {
                 group: SharedGroup::new(group),
                 failure: Arc::new(Mutex::new(None)),
                 stats: Arc::new(Stats::default()),
+                view_grads: Default::default(),
             },
             rank,
             size,
