@@ -45,17 +45,31 @@ impl TrainerCallback for ReadCounter {
         let mut seen = self.0.lock().unwrap();
         seen.at_log.push((state.global_step, host_reads_counted()));
     }
+
+    /// It only watches: no vote across ranks after each step.
+    fn may_stop(&self) -> bool {
+        false
+    }
 }
 
 /// Host reads between consecutive step ends (index k: from step k+1's end to step k+2's)
-/// and from step 20's end to its log, for a 20-step run logging every 10.
+/// and from step 20's end to its log, for a 20-step run logging every 10, on one device.
 fn reads_per_step(precision: &str, max_grad_norm: f64) -> (Vec<u64>, u64) {
+    reads_per_step_on(precision, max_grad_norm, None).remove(0)
+}
+
+/// [`reads_per_step`] of every rank, on 2 in-process ranks under `strategy` when given.
+fn reads_per_step_on(
+    precision: &str,
+    max_grad_norm: f64,
+    strategy: Option<&str>,
+) -> Vec<(Vec<u64>, u64)> {
     let _rng = rng_lock();
     <B as Backend>::seed(&Default::default(), 7);
     let model = tiny_vit().init::<B>(&Default::default());
-    let all = digits::load().unwrap();
+    let name = format!("host-reads-{precision}-{}", strategy.unwrap_or("one"));
     let args = TrainingArguments {
-        output_dir: common::scratch_dir(&format!("host-reads-{precision}")),
+        output_dir: common::scratch_dir(&name),
         max_steps: 20,
         per_device_train_batch_size: 4,
         logging_strategy: IntervalStrategy::Steps,
@@ -64,23 +78,42 @@ fn reads_per_step(precision: &str, max_grad_norm: f64) -> (Vec<u64>, u64) {
         save_strategy: IntervalStrategy::No,
         max_grad_norm,
         precision: precision.parse().unwrap(),
+        parallelism: afterburner::ParallelismConfig {
+            strategy: strategy.unwrap_or("single-device").parse().unwrap(),
+            devices: if strategy.is_some() { 2 } else { 1 },
+            ..Default::default()
+        },
+        disable_tqdm: true,
         ..Default::default()
     };
-    let counter = ReadCounter::default();
-    let mut trainer = Trainer::new(model, args, all.clone().take(80), all.take(8), BATCHER)
-        .unwrap()
-        .with_callback(counter.clone());
-    trainer.train().unwrap();
-    let seen = counter.0.lock().unwrap();
-    assert_eq!(seen.at_step_end.len(), 20);
-    let between: Vec<u64> = seen
-        .at_step_end
-        .windows(2)
-        .map(|w| w[1].1 - w[0].1)
-        .collect();
-    let last_log = seen.at_log.last().unwrap();
-    assert_eq!(last_log.0, 20);
-    (between, last_log.1 - seen.at_step_end[19].1)
+    // 20 steps of one epoch on every rank.
+    let items = 80 * args.parallelism.devices;
+    let config = args.accelerator_config();
+    let train = move |acc: Option<Accelerator<B>>| {
+        let all = digits::load().unwrap();
+        let (train, eval) = (all.clone().take(items), all.take(8));
+        let counter = ReadCounter::default();
+        let trainer = match acc {
+            None => Trainer::new(model.clone(), args.clone(), train, eval, BATCHER),
+            Some(acc) => Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER),
+        };
+        let mut trainer = trainer.unwrap().with_callback(counter.clone());
+        trainer.train().unwrap();
+        let seen = counter.0.lock().unwrap();
+        assert_eq!(seen.at_step_end.len(), 20);
+        let between: Vec<u64> = seen
+            .at_step_end
+            .windows(2)
+            .map(|w| w[1].1 - w[0].1)
+            .collect();
+        let last_log = seen.at_log.last().unwrap();
+        assert_eq!(last_log.0, 20);
+        (between, last_log.1 - seen.at_step_end[19].1)
+    };
+    match strategy {
+        None => vec![train(None)],
+        Some(_) => Accelerator::<B>::run(config, move |acc| Ok(train(Some(acc)))).unwrap(),
+    }
 }
 
 /// The one read per optimizer step a hand-written loop's `step` makes under the non-finite
@@ -107,6 +140,49 @@ fn the_trainer_reads_its_training_values_once_per_log() {
                 2,
                 "20 steps, 2 logs"
             );
+        }
+    }
+}
+
+/// Reads at a log on several ranks: the losses and what the steps did (as on one device),
+/// then the loss's and the throughput's sums across ranks.
+const READS_PER_LOG_ON_RANKS: u64 = 3;
+
+/// On 2 ranks under DDP and FSDP the ranks decide the skip, the clip and fp16's loss scale
+/// alike on the device (FSDP: one all-reduce of a device tensor): the Trainer's default AdamW
+/// reads nothing between logs (a callback that may stop the run adds a vote a step).
+#[test]
+fn ddp_and_fsdp_ranks_read_nothing_between_logs() {
+    for strategy in ["ddp", "fsdp"] {
+        for precision in ["32-true", "bf16-mixed", "16-mixed"] {
+            for (rank, (between, at_last_log)) in reads_per_step_on(precision, 1.0, Some(strategy))
+                .into_iter()
+                .enumerate()
+            {
+                // The log after steps that fp16 skipped (an overflow) also checks the
+                // parameters: a read more, and under FSDP an all-reduce more.
+                let at_log = |reads: u64| match precision {
+                    "16-mixed" => {
+                        (READS_PER_LOG_ON_RANKS..=READS_PER_LOG_ON_RANKS + 2).contains(&reads)
+                    }
+                    _ => reads == READS_PER_LOG_ON_RANKS,
+                };
+                let steady: Vec<u64> = (0..between.len())
+                    .filter(|k| *k != 9)
+                    .map(|k| between[k])
+                    .collect();
+                assert_eq!(
+                    steady,
+                    vec![0; 18],
+                    "{strategy} rank {rank}, {precision}: host reads between steps, but for the \
+                     log of step 10: {between:?}"
+                );
+                assert!(
+                    at_log(between[9]) && at_log(at_last_log),
+                    "{strategy} rank {rank}, {precision}: reads at the logs {} and {at_last_log}",
+                    between[9]
+                );
+            }
         }
     }
 }

@@ -2,7 +2,10 @@
 //!
 //! [`step`](Accelerator::step) decides on the host whether a step is skipped (non-finite
 //! gradients, an fp16 overflow) and how much to clip: one host read per step, which on a GPU
-//! waits for the whole backward before the optimizer is queued. Here the same decisions are
+//! waits for the whole backward before the optimizer is queued. On several devices (DDP,
+//! ZeRO-1, FSDP) the ranks decide alike with no read: they hold the same reduced gradients,
+//! or (FSDP) sum their shards' measure with one all-reduce of a device tensor, as PyTorch's
+//! GradScaler all-reduces its `found_inf`. Here the same decisions are
 //! device tensors, as PyTorch's fused optimizers take `found_inf`: the gradients' squared norm
 //! (or sum) stays on the device, the clip factor is `min(1, max_norm / (norm + 1e-6))` as a
 //! tensor, the loss scale is unscaled and updated on the device, and the skip flag goes to an
@@ -52,11 +55,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         afterburner_precision::host_reads_counted().wrapping_sub(self.host_reads_at_start)
     }
 
-    /// Whether [`step_on_device`](Self::step_on_device) can decide this run's steps: one
-    /// device (a collective's agreement would read), and a `nonfinite_gradients` policy other
-    /// than `"error"` (an error is raised on the host).
+    /// Whether [`step_on_device`](Self::step_on_device) can decide this run's steps: a
+    /// strategy whose ranks reach the same decision on the device (one device, DDP, ZeRO-1,
+    /// FSDP: [`ParallelStrategy::decides_on_device`]), and a `nonfinite_gradients` policy
+    /// other than `"error"` (an error is raised on the host).
     pub fn can_step_on_device(&self) -> bool {
-        self.strategy.name() == "single-device"
+        self.strategy.decides_on_device()
             && self.config.nonfinite_gradients != NonFinitePolicy::Error
     }
 
@@ -91,7 +95,8 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         if !self.can_step_on_device() {
             return Err(AccelerateError::Usage(format!(
                 "step_on_device() under strategy {} with nonfinite_gradients = {}: it decides \
-                 on one device, under \"skip\" or \"apply\"; use step()",
+                 on one device or under ddp, zero-1 and fsdp (not tensor parallelism, Local \
+                 SGD or DiLoCo), under \"skip\" or \"apply\"; use step()",
                 self.strategy.name(),
                 self.config.nonfinite_gradients
             )));
@@ -127,6 +132,12 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 None
             }
         };
+        // The whole model's measure where ranks hold parts of the gradients (FSDP: one
+        // all-reduce on the device), so every rank decides alike.
+        let measured = match measured {
+            Some(local) => Some(self.strategy.sum_over_parts_on_device(local)?),
+            None => None,
+        };
         // True where the measure is inf or NaN (x - x is NaN exactly then).
         let nonfinite = measured
             .as_ref()
@@ -160,6 +171,11 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         self.strategy.before_optimizer_step(&model, &mut grads);
         gate(skip.clone());
         let model = optimizer.step(lr, model, grads);
+        // The strategy's share of the new values (ZeRO-1's owners, FSDP grad-op's gathers),
+        // skipped step or not (then they are the old ones); `step` counts this one attempted.
+        let attempted = self.device_steps.as_ref().map_or(0, |s| s.attempted);
+        let step = self.counters.optimizer_steps + attempted + 1;
+        let model = self.strategy.after_optimizer_step(model, optimizer, step)?;
         if let Some(nonfinite) = nonfinite {
             self.precision.update_on_device(nonfinite.float());
         }

@@ -23,8 +23,8 @@
 use afterburner_checkpoint::DerivedParams;
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsParams, Optimizer};
-use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
 
 use crate::tp::TensorParallelPlan;
 use crate::{ParallelError, ProcessGroup, StateSaving};
@@ -172,6 +172,26 @@ pub trait ParallelStrategy<B: AutodiffBackend>: StateSaving<B> {
         Ok(local)
     }
 
+    /// Whether a step can be decided on the device, with no host read (the Accelerator's
+    /// `step_on_device`): every rank reaches the same skip and clip factor from
+    /// [`sum_over_parts_on_device`](Self::sum_over_parts_on_device) alone. True for one
+    /// device, DDP, ZeRO-1 and FSDP; false by default, where ranks agree through the host
+    /// (Local SGD's skip vote, tensor parallelism's norm that counts the copies once).
+    fn decides_on_device(&self) -> bool {
+        false
+    }
+
+    /// A measure of the gradients that adds up over their parts (the squared norm, the sum)
+    /// for the whole model, from this rank's `local` one, as a device tensor and with no host
+    /// read: `local` itself where every rank holds the same gradients after reduction (the
+    /// default), summed by a device all-reduce where ranks hold different parts (FSDP).
+    fn sum_over_parts_on_device(
+        &self,
+        local: Tensor<Inner<B>, 1>,
+    ) -> Result<Tensor<Inner<B>, 1>, ParallelError> {
+        Ok(local)
+    }
+
     /// The squared L2 norm of the whole model's gradients from this rank's `grads` of
     /// `model`, whose squared norm is `local`: [`global_squared_norm`](Self::global_squared_norm)
     /// (the default) unless a rank holds parts of some parameters and copies of others
@@ -253,6 +273,10 @@ pub struct SingleDevice;
 impl<B: AutodiffBackend> ParallelStrategy<B> for SingleDevice {
     fn name(&self) -> &'static str {
         "single-device"
+    }
+
+    fn decides_on_device(&self) -> bool {
+        true
     }
 }
 

@@ -225,6 +225,11 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Zero
     fn averages_gradients(&self) -> bool {
         true
     }
+
+    /// Every rank holds the same all-reduced gradients: the same decision from its own.
+    fn decides_on_device(&self) -> bool {
+        true
+    }
 }
 
 /// Each rank saves its own part (the optimizer states of the parameters it owns); a full state

@@ -33,6 +33,14 @@ pub trait TrainerCallback: Send {
     fn on_save(&mut self, _state: &TrainerState, _checkpoint: &Path) {}
     /// At the end of training.
     fn on_train_end(&mut self, _state: &TrainerState) {}
+    /// Whether `on_step_end` or `on_evaluate` may return [`Flow::Stop`] (default true). On
+    /// several ranks the Trainer votes after every step so that all of them stop together,
+    /// when any callback may stop: one host read a step (the device waits for it). A callback
+    /// that only watches (a logger, a counter) returns false and costs nothing. Register the
+    /// same callbacks on every rank.
+    fn may_stop(&self) -> bool {
+        true
+    }
 }
 
 /// Stops training when the best-model metric has not improved by more than `threshold` for

@@ -15,7 +15,7 @@ macro_rules! forward_impl {
         use afterburner_parallel::tp::TensorParallelPlan;
         use burn::module::{AutodiffModule, Module};
         use burn::optim::{GradientsParams, Optimizer};
-        use burn::tensor::DType;
+        use burn::tensor::{DType, Tensor};
         use burn::tensor::backend::AutodiffBackend;
 
         use crate::strategy::{AnyStrategy, NamedStrategy};
@@ -93,6 +93,17 @@ macro_rules! forward_impl {
                 grads: &mut GradientsParams,
             ) -> Result<(), ParallelError> {
                 dispatch!(self, s => s.reduce_gradients(model, grads))
+            }
+
+            fn decides_on_device(&self) -> bool {
+                dispatch!(self, s => ParallelStrategy::<B>::decides_on_device(s))
+            }
+
+            fn sum_over_parts_on_device(
+                &self,
+                local: Tensor<Inner<B>, 1>,
+            ) -> Result<Tensor<Inner<B>, 1>, ParallelError> {
+                dispatch!(self, s => ParallelStrategy::<B>::sum_over_parts_on_device(s, local))
             }
 
             fn global_squared_norm(&self, local: f64, device: &B::Device) -> Result<f64, ParallelError> {

@@ -336,6 +336,11 @@ where
         true
     }
 
+    /// Every rank steps on the same all-reduced gradients: the same decision from its own.
+    fn decides_on_device(&self) -> bool {
+        true
+    }
+
     fn reduce_gradients<M: AutodiffModule<B>>(
         &mut self,
         model: &M,
