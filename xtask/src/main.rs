@@ -1,8 +1,10 @@
-//! Developer tasks: `cargo xtask bench` (options: `cargo xtask bench --help`) and
-//! `cargo xtask gpu-check` (docs/gpu.md).
+//! Developer tasks: `cargo xtask bench` (options: `cargo xtask bench --help`),
+//! `cargo xtask gpu-check` (docs/gpu.md) and `cargo xtask equivalence` (docs/equivalence.md).
 
 mod alloc;
 mod bench;
+#[cfg(feature = "flex")]
+mod equivalence;
 mod gpu_check;
 
 #[global_allocator]
@@ -14,15 +16,28 @@ fn main() {
         Some("bench") => bench::run(&args[1..]),
         Some("gpu-check") => std::process::exit(gpu_check::run(&args[1..]) as i32),
         #[cfg(feature = "flex")]
+        Some("equivalence") => match equivalence::run(&args[1..]) {
+            Ok(passed) => std::process::exit(if passed { 0 } else { 1 }),
+            Err(e) => Err(e),
+        },
+        #[cfg(feature = "flex")]
         Some("engine-all-reduce") => bench::engines::rank(&args[1..]),
         #[cfg(all(feature = "mpi", feature = "flex"))]
         Some("mpi-all-reduce") => bench::mpi::rank(&args[1..]),
         #[cfg(all(feature = "mpi", feature = "flex"))]
         Some("mpi-fsdp-traffic") => bench::traffic::mpi_rank(),
-        _ => Err(format!("{}\n{}", bench::USAGE, gpu_check::USAGE)),
+        _ => Err(usage()),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
+}
+
+/// Every command's usage.
+fn usage() -> String {
+    let mut usage = format!("{}\n{}", bench::USAGE, gpu_check::USAGE);
+    #[cfg(feature = "flex")]
+    usage.push_str(&format!("\n{}", equivalence::USAGE));
+    usage
 }

@@ -9,11 +9,14 @@
 //! - [`ImageItem`] / [`ImageDataset`] / [`ImageBatcher`]: labelled images, a Burn dataset of
 //!   them, and the Burn batcher to `[batch, channels, height, width]` tensors.
 //! - `testing` (feature `testing`): the helpers the crates' test suites share.
+//! - `equivalence` (feature `testing`): the equivalence matrix of every fast path.
 
 #![warn(missing_docs)]
 
 pub mod cifar10;
 pub mod digits;
+#[cfg(feature = "testing")]
+pub mod equivalence;
 mod image;
 pub mod models;
 mod steps;
