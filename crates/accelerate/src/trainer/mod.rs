@@ -44,6 +44,7 @@ mod heal;
 mod metrics;
 mod optim;
 mod output;
+mod per_item;
 mod reads;
 mod run;
 mod schedule;
