@@ -181,6 +181,13 @@ where
         grads: &mut GradientsParams,
     ) -> Result<(), ParallelError> {
         self.tp.check()?;
+        // No rank of a row starts its next backward (whose all-reduces hold its autodiff
+        // graph's lock) before every rank of it has left this one and Burn's graph cleanup
+        // after it: ranks that are threads of one process deadlocked there under FSDP
+        // (`Fsdp::finish_backward`).
+        if let Some(device) = model.devices().first() {
+            self.tp.barrier::<Inner<B>>(device)?;
+        }
         across_rows!(&self.data, s => ParallelStrategy::<B>::after_backward(s, model, grads), Ok(()))
     }
 

@@ -136,6 +136,15 @@ impl<G> TensorParallel<G> {
         self.exchange.stats.values_moved.load(Ordering::Relaxed)
     }
 
+    /// Returns once every rank of the group has called it (one all-reduce of one value, never
+    /// read).
+    pub fn barrier<I: Backend>(&self, device: &I::Device) -> Result<(), ParallelError>
+    where
+        G: ProcessGroup<I>,
+    {
+        self.exchange.group.barrier(device)
+    }
+
     /// The first collective failure since the last check (a backward cannot return one), e.g.
     /// a rank that died; call it after `backward`.
     pub fn check(&self) -> Result<(), ParallelError> {
