@@ -145,8 +145,11 @@ fn report(outcomes: &[Outcome], seconds: f64, per_strategy: Option<usize>) -> St
          `num_items_in_batch` in the loop, `loss_normalization = \"per-item\"` in the Trainer);\n\
          - **precision**: 32-true, bf16-mixed, 16-mixed (per-op autocast);\n\
          - **checkpointing** of every block: none or all;\n\
-         - **loss**: `plain`, or `aux`, which adds a penalty on the head's weights read \
-         outside `acc.forward`;\n\
+         - **loss**: `plain`, `aux`, which adds a penalty on the head's weights read outside \
+         `acc.forward`, or `forward`, which adds a term from a second, plain forward of the \
+         model outside `acc.forward` (not under FSDP that shards parameters: there the model \
+         outside `acc.forward` holds shards and a forward on them panics inside Burn, not yet \
+         a named error);\n\
          - **step**: `host` (`acc.step`, plain SGD, under which any error in a gradient shows \
          in the update) or `device` (`DeviceAdamW` / `step_on_device`, the Trainer's default \
          AdamW; Local SGD is in the matrix with SGD only: under AdamW its ranks' moments see \

@@ -123,8 +123,16 @@ pub enum Norm {
 pub enum LossShape {
     /// The model's output through `acc.forward` only.
     Plain,
-    /// And an auxiliary term on the model read outside `acc.forward` ([`super::data::aux_term`]).
+    /// And a weight penalty on the model read outside `acc.forward`
+    /// ([`super::data::aux_term`]).
     Aux,
+    /// And a term from a second, plain forward of the model outside `acc.forward`.
+    SecondForward,
+}
+
+impl LossShape {
+    /// Every value, in the table's order.
+    pub const ALL: [LossShape; 3] = [LossShape::Plain, LossShape::Aux, LossShape::SecondForward];
 }
 
 /// Who decides the step (and so the optimizer: the device-decided step is the Trainer's
@@ -183,6 +191,18 @@ pub fn steps(strategy: Strategy) -> &'static [Step] {
     }
 }
 
+/// The loss shapes of `strategy` in the matrix: all, but FSDP that shards parameters (full,
+/// grad-op, dp x tp) has no second plain forward: outside `acc.forward` its model holds
+/// shards, and a forward on them panics inside Burn (an embedding index out of bounds), not
+/// yet a named error (docs/equivalence.md). Its weight penalty is refused by name.
+pub fn losses(strategy: Strategy) -> &'static [LossShape] {
+    match strategy {
+        Strategy::Fsdp(ShardingStrategy::Full | ShardingStrategy::GradOp)
+        | Strategy::Dp2Tp2Fsdp => &[LossShape::Plain, LossShape::Aux],
+        _ => &LossShape::ALL,
+    }
+}
+
 /// Every case of the matrix, axis by axis (the strategy outermost).
 pub fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
@@ -191,7 +211,7 @@ pub fn all_cases() -> Vec<Case> {
             for norm in [Norm::Mean, Norm::PerItem] {
                 for precision in precisions() {
                     for checkpointing in [false, true] {
-                        for loss in [LossShape::Plain, LossShape::Aux] {
+                        for &loss in losses(strategy) {
                             for &step in steps(strategy) {
                                 for entry in [Entry::Loop, Entry::Trainer] {
                                     cases.push(Case {
@@ -230,7 +250,7 @@ pub fn sample(per_strategy: usize) -> Vec<Case> {
                 norm: [Norm::Mean, Norm::PerItem][bit(1)],
                 precision: precisions()[(k + 2 * s) % 3],
                 checkpointing: [false, true][bit(2)],
-                loss: [LossShape::Plain, LossShape::Aux][bit(0) ^ bit(1) ^ bit(2)],
+                loss: losses(strategy)[(k + s + k / 3) % losses(strategy).len()],
                 step: steps(strategy)[k % steps(strategy).len()],
                 entry: [Entry::Loop, Entry::Trainer][(k / 2) % 2],
             });
@@ -258,6 +278,7 @@ impl std::fmt::Display for Case {
             match self.loss {
                 LossShape::Plain => "plain",
                 LossShape::Aux => "aux",
+                LossShape::SecondForward => "forward",
             },
             match self.step {
                 Step::Host => "host",
@@ -291,7 +312,7 @@ mod tests {
         assert_eq!(seen(&|c| format!("{:?}", c.norm)), 2);
         assert_eq!(seen(&|c| c.precision.to_string()), 3);
         assert_eq!(seen(&|c| c.checkpointing.to_string()), 2);
-        assert_eq!(seen(&|c| format!("{:?}", c.loss)), 2);
+        assert_eq!(seen(&|c| format!("{:?}", c.loss)), 3);
         assert_eq!(seen(&|c| format!("{:?}", c.step)), 2);
         assert_eq!(seen(&|c| format!("{:?}", c.entry)), 2);
         // Every strategy meets both entries under each step it has.

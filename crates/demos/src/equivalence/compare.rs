@@ -82,7 +82,9 @@ pub fn expected_refusal(case: &Case) -> Option<&'static str> {
     );
     match (case.loss, case.step, case.entry) {
         // Outside `acc.forward` each rank's parameters are its shards (refused at backward).
-        (LossShape::Aux, _, _) if sharded => Some("of the model outside acc.forward"),
+        (LossShape::Aux | LossShape::SecondForward, _, _) if sharded => {
+            Some("of the model outside acc.forward")
+        }
         // Tensor parallelism's norm counts the replicated parameters once, on the host.
         (_, Step::Device, Entry::Loop) if decided_on_host => {
             Some("step_on_device() under strategy")

@@ -9,12 +9,14 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use super::case::LossShape;
 use crate::models::Transformer;
 use crate::text::{self, TokenBatch};
 
 /// Bytes a window predicts.
 pub const SEQ_LEN: usize = 8;
-/// Weight of the auxiliary term: a penalty on the head's weights (`AUX * sum(w^2)`).
+/// Weight of the auxiliary terms (a penalty on the head's weights, a second forward's mean
+/// square).
 pub const AUX: f64 = 0.05;
 
 /// One window: `SEQ_LEN + 1` bytes, of which the first `len + 1` are real (`len` targets).
@@ -56,16 +58,16 @@ pub struct EqBatch<B: Backend> {
     pub mask: Tensor<B, 2>,
     /// Targets that count (known on the host, from the items).
     pub count: usize,
-    /// Whether the loss adds the auxiliary term ([`aux_term`]).
-    pub aux: bool,
+    /// What the loss reads besides `acc.forward`'s output ([`aux_term`]).
+    pub loss: LossShape,
 }
 
 /// Stacks [`EqItem`]s for training ([`EqBatch`]) and for evaluation (the demo's
 /// [`TokenBatch`], which the Trainer's evaluation bound asks for; the matrix never evaluates).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct EqBatcher {
-    /// Whether the batches' loss adds the auxiliary term.
-    pub aux: bool,
+    /// What the batches' loss reads besides `acc.forward`'s output.
+    pub loss: LossShape,
 }
 
 fn column<B: Backend>(items: &[EqItem], skip: usize, device: &B::Device) -> Tensor<B, 2, Int> {
@@ -87,7 +89,7 @@ impl<B: Backend> Batcher<B, EqItem, EqBatch<B>> for EqBatcher {
             targets: column(&items, 1, device),
             mask: Tensor::from_data(TensorData::new(mask, [items.len(), SEQ_LEN]), device),
             count: items.iter().map(|i| i.len).sum(),
-            aux: self.aux,
+            loss: self.loss,
         }
     }
 }
@@ -115,8 +117,16 @@ pub fn loss_sum<B: Backend>(logits: Tensor<B, 3>, batch: &EqBatch<B>) -> Tensor<
     (picked * batch.mask.clone()).sum().neg()
 }
 
-/// The auxiliary term, read from the model as it is outside `acc.forward`:
-/// `AUX * sum(head.weight^2)`.
-pub fn aux_term<B: Backend>(model: &Transformer<B>) -> Tensor<B, 1> {
-    model.head.weight.val().powi_scalar(2).sum().mul_scalar(AUX)
+/// The auxiliary term of `batch`'s loss shape, read from the model as it is outside
+/// `acc.forward`: none, `AUX * sum(head.weight^2)` (a weight penalty), or
+/// `AUX * mean(logits^2)` of a second, plain forward of the model on the batch.
+pub fn aux_term<B: Backend>(model: &Transformer<B>, batch: &EqBatch<B>) -> Option<Tensor<B, 1>> {
+    match batch.loss {
+        LossShape::Plain => None,
+        LossShape::Aux => Some(model.head.weight.val().powi_scalar(2).sum().mul_scalar(AUX)),
+        LossShape::SecondForward => {
+            let logits = model.forward(batch.inputs.clone());
+            Some(logits.powi_scalar(2).mean().mul_scalar(AUX))
+        }
+    }
 }

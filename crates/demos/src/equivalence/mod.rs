@@ -11,7 +11,7 @@ mod data;
 mod run;
 
 pub use case::{
-    Case, Entry, LossShape, Norm, Step, Strategy, all_cases, precisions, sample, steps,
+    Case, Entry, LossShape, Norm, Step, Strategy, all_cases, losses, precisions, sample, steps,
 };
 pub use compare::{
     FLOOR_FACTOR, HALF_ERRORS, Outcome, PARAMETER_ROUNDING, References, Verdict, by_design,

@@ -120,13 +120,7 @@ pub fn run_one_device(
     let batch = GLOBAL_BATCH * micro_batches / split;
     let mut acc = Accelerator::<B>::new(config, Default::default())?;
     let data = dataset(items(micro_batches), norm == Norm::PerItem);
-    let loader = acc.dataloader(
-        data,
-        EqBatcher {
-            aux: loss == LossShape::Aux,
-        },
-        batch,
-    )?;
+    let loader = acc.dataloader(data, EqBatcher { loss }, batch)?;
     let model = match step {
         Step::Host => host_steps(&mut acc, initial, sgd(), SGD_LR, &loader, norm)?,
         Step::Device => host_steps(&mut acc, initial, adamw(), ADAMW_LR, &loader, norm)?,
@@ -167,12 +161,13 @@ fn loop_loss<S: ParallelStrategy<B>>(
 ) -> Result<Tensor<B, 1>, AccelerateError> {
     let logits = acc.forward(model, batch.inputs.clone(), |m, x| m.forward(x))?;
     let sum = loss_sum(logits, batch);
-    let aux = || aux_term(model);
-    Ok(match (norm, batch.aux) {
-        (Norm::Mean, false) => sum.div_scalar(batch.count as f64),
-        (Norm::Mean, true) => sum.div_scalar(batch.count as f64) + aux(),
-        (Norm::PerItem, false) => sum.mul_scalar(per_item),
-        (Norm::PerItem, true) => (sum + aux().mul_scalar(batch.count as f64)).mul_scalar(per_item),
+    Ok(match (norm, aux_term(model, batch)) {
+        (Norm::Mean, None) => sum.div_scalar(batch.count as f64),
+        (Norm::Mean, Some(aux)) => sum.div_scalar(batch.count as f64) + aux,
+        (Norm::PerItem, None) => sum.mul_scalar(per_item),
+        (Norm::PerItem, Some(aux)) => {
+            (sum + aux.mul_scalar(batch.count as f64)).mul_scalar(per_item)
+        }
     })
 }
 
@@ -235,9 +230,7 @@ fn run_loop(case: &Case, initial: &Transformer<B>) -> Result<Vec<Vec<f32>>, Acce
         };
         let data = dataset(items(case.micro_batches), case.norm == Norm::PerItem);
         let batch = GLOBAL_BATCH / case.strategy.dp_size();
-        let batcher = EqBatcher {
-            aux: case.loss == LossShape::Aux,
-        };
+        let batcher = EqBatcher { loss: case.loss };
         let loader = acc.dataloader(data, batcher, batch)?;
         let model = match case.step {
             Step::Host => host_steps(&mut acc, model, sgd(), SGD_LR, &loader, case.norm)?,
@@ -337,9 +330,7 @@ fn run_trainer(case: &Case, initial: &Transformer<B>) -> Result<Vec<Vec<f32>>, A
     Accelerator::<B>::run(args.accelerator_config(), move |acc| {
         let data = dataset(items(case.micro_batches), case.norm == Norm::PerItem);
         let eval = dataset(0, false);
-        let batcher = EqBatcher {
-            aux: case.loss == LossShape::Aux,
-        };
+        let batcher = EqBatcher { loss: case.loss };
         let mut trainer = EqTrainer::on(acc, initial.clone(), args.clone(), data, eval, batcher)?;
         trainer.train()?;
         let (model, acc) = trainer.into_parts()?;
