@@ -321,11 +321,9 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
     }
 
     /// True when the next [`step`](Self::step) will update the parameters: the cycle holds
-    /// `gradient_accumulation_steps` micro-batches, or the training loader's epoch has handed
-    /// out its last batch and the cycle holds the epoch's last (short) cycle: its
-    /// `num_batches mod gradient_accumulation_steps` micro-batches. A loop that takes a
-    /// cycle's batches before training them (to count its items, as HF's
-    /// `num_items_in_batch`) so still steps once per cycle.
+    /// `gradient_accumulation_steps` micro-batches, or the epoch's last (short) cycle once the
+    /// loader handed out its last batch (so a loop that takes a cycle's batches first, as
+    /// HF's `num_items_in_batch`, still steps once per cycle).
     pub fn sync_gradients(&self) -> bool {
         let accumulation = self.config.gradient_accumulation_steps;
         let progress = *self.progress.lock().unwrap_or_else(PoisonError::into_inner);

@@ -134,10 +134,9 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
         };
         // The whole model's measure where ranks hold parts of the gradients (FSDP: one
         // all-reduce on the device), so every rank decides alike.
-        let measured = match measured {
-            Some(local) => Some(self.strategy.sum_over_parts_on_device(local)?),
-            None => None,
-        };
+        let measured = measured
+            .map(|local| self.strategy.sum_over_parts_on_device(local))
+            .transpose()?;
         // True where the measure is inf or NaN (x - x is NaN exactly then).
         let nonfinite = measured
             .as_ref()
