@@ -54,7 +54,7 @@ pub struct Accelerator<B: AutodiffBackend, S: ParallelStrategy<B> = AnyStrategy<
     /// This thread's counted FLOPs when the Accelerator was built ([`flops`](Self::flops)
     /// counts from there).
     pub(crate) flops_at_start: u64,
-    /// This thread's counted host reads when the Accelerator was built.
+    /// This thread's (and its helpers') counted host reads when the Accelerator was built.
     pub(crate) host_reads_at_start: u64,
     pub(crate) progress: Arc<Mutex<DataProgress>>,
     /// A batch the training loader could not make, for the next call to report.

@@ -48,9 +48,11 @@ pub struct SettledSteps {
 }
 
 impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
-    /// Device-to-host reads this rank's thread has made through `Autocast` since the
-    /// Accelerator was built (see [`count_host_reads`](afterburner_precision::count_host_reads)):
-    /// each one drains a GPU's queue. 0 on a backend without `Autocast`.
+    /// Device-to-host reads and `Backend::sync`s this rank has made through `Autocast` since
+    /// the Accelerator was built, on its thread and on the threads doing its step's work (DDP's
+    /// communication thread, the recompute helper; see
+    /// [`host_reads_counted`](afterburner_precision::host_reads_counted)): each one drains a
+    /// GPU's queue. 0 on a backend without `Autocast`.
     pub fn host_reads(&self) -> u64 {
         afterburner_precision::host_reads_counted().wrapping_sub(self.host_reads_at_start)
     }

@@ -1,9 +1,11 @@
 //! The Accelerator's forward and backward passes: the strategy's view of the model (FSDP's
 //! gathered one), the checkpointing policy, and the precision plugin around them.
 
+use std::sync::Arc;
+
 use afterburner_checkpoint::{ReplayContext, with_derived_params, with_replay_context};
 use afterburner_parallel::{ForwardView, ParallelStrategy};
-use afterburner_precision::CastFloats;
+use afterburner_precision::{CastFloats, HostReadTally};
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
@@ -44,11 +46,18 @@ impl<B: AutodiffBackend, S: ParallelStrategy<B>> Accelerator<B, S> {
                 })
             })
         };
-        // Checkpointed blocks recompute (on a helper thread) under the same per-op scope.
-        Ok(match self.precision.op_scope() {
-            Some(scope) => with_replay_context(scope as ReplayContext, run),
-            None => run(),
-        })
+        // Checkpointed blocks recompute on a helper thread: under the same per-op scope, and
+        // counting their host reads towards this thread's step.
+        let scope = self.precision.op_scope();
+        let tally = HostReadTally::of_this_thread();
+        let replay: ReplayContext = Arc::new(move |recompute: &mut dyn FnMut()| {
+            tally.clone().adopt();
+            match &scope {
+                Some(scope) => scope(recompute),
+                None => recompute(),
+            }
+        });
+        Ok(with_replay_context(replay, run))
     }
 
     /// `loss.backward()` as [`backward`](Self::backward) runs it, without the loss scaling,

@@ -65,7 +65,8 @@ pub use afterburner_parallel::{
 };
 pub use afterburner_precision as precision;
 pub use afterburner_precision::{
-    Autocast, Precision, count_flops, count_host_reads, flops_counted, host_reads_counted,
+    Autocast, HostReadTally, Precision, count_flops, count_host_reads, flops_counted,
+    host_reads_counted, host_reads_on_this_thread,
 };
 pub use afterburner_throughput as throughput;
 pub use config::{AcceleratorConfig, AutocastMode, NonFinitePolicy, ProjectConfig};

@@ -44,9 +44,9 @@ impl<B: Backend, G: ProcessGroup<B> + Clone + Send + 'static> Overlapped<B, G> {
         let mut state = self.state();
         finish(&mut state);
         let group = self.group.clone();
-        let spawned = std::thread::Builder::new()
-            .name("afterburner-diloco-exchange".into())
-            .spawn(move || op(&group));
+        // Its host reads (the engines copy the values) count towards the replica's.
+        let builder = std::thread::Builder::new().name("afterburner-diloco-exchange".into());
+        let spawned = afterburner_precision::spawn_counted(builder, move || op(&group));
         *state = match spawned {
             Ok(handle) => InFlight::Running(handle),
             Err(e) => InFlight::Done(Err(ParallelError::Collective {

@@ -58,7 +58,9 @@ pub use backend::{
 pub use device_scaler::DeviceScaler;
 pub use error::PrecisionError;
 pub use flops::{count_flops, flops_counted, set_flop_counting};
-pub use host_reads::{count_host_reads, host_reads_counted};
+pub use host_reads::{
+    HostReadTally, count_host_reads, host_reads_counted, host_reads_on_this_thread, spawn_counted,
+};
 pub use mode::AutocastMode;
 pub use plugin::{OpScope, PrecisionPlugin};
 pub use policy::Precision;

@@ -30,10 +30,9 @@ impl DeviceMemory {
 
 /// The memory of `device`, where backend `B`'s devices are those of one of Burn's CubeCL
 /// backends compiled in (feature `cuda` or `wgpu`; fused or not, autodiff or not); `None`
-/// elsewhere (the CPU: see [`peak_memory_bytes`]). Waits for the queued work first.
+/// elsewhere (the CPU: see [`peak_memory_bytes`]). Waits for the device's queued work first
+/// (a `Backend::sync`, only where there is device memory to read).
 pub fn device_memory<B: Backend>(device: &B::Device) -> Option<DeviceMemory> {
-    // A fused backend queues ops: run what is queued so the pools hold what is alive.
-    B::sync(device).ok();
     #[cfg(feature = "cuda")]
     if let Some(m) = cube::<B, burn_cubecl::cubecl::cuda::CudaRuntime>(device) {
         return Some(m);
@@ -50,8 +49,10 @@ pub fn device_memory<B: Backend>(device: &B::Device) -> Option<DeviceMemory> {
 /// the device's, whatever wraps the backend).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 fn cube<B: Backend, R: burn_cubecl::CubeRuntime>(device: &B::Device) -> Option<DeviceMemory> {
-    let device = (device as &dyn std::any::Any).downcast_ref::<R::Device>()?;
-    let usage = R::client(device).memory_usage().ok()?;
+    let cube_device = (device as &dyn std::any::Any).downcast_ref::<R::Device>()?;
+    // A fused backend queues ops: run what is queued so the pools hold what is alive.
+    B::sync(device).ok();
+    let usage = R::client(cube_device).memory_usage().ok()?;
     Some(DeviceMemory {
         in_use_bytes: usage.bytes_in_use,
         reserved_bytes: usage.bytes_reserved,

@@ -1,6 +1,7 @@
 //! The precision suite: the small ViT for a fixed number of steps under each precision, next
-//! to the plain Burn loop, in one run. Reports steps/s, ms per step, the host reads each step
-//! makes (counted by `Autocast` in a short second run of the same loop on
+//! to the plain Burn loop, in one run. Reports steps/s, ms per step, the host reads and syncs
+//! each step makes on all its threads and on its own (counted by `Autocast` in a short second
+//! run of the same loop on
 //! `Autodiff<Autocast<I>>`: on a GPU each one drains the queue), ratios, peak memory and final
 //! loss, and writes `bench-results/precision-<backend>.{json,md}`.
 
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use afterburner::trainer::{DeviceAdamW, DeviceAdamWConfig, HfSchedule, SchedulerType};
 use afterburner::{
     Accelerator, AcceleratorConfig, Autocast, NonFinitePolicy, Precision, host_reads_counted,
+    host_reads_on_this_thread,
 };
 use afterburner_demos::models::VitConfig;
 use afterburner_demos::{ImageBatch, digits};
@@ -31,8 +33,11 @@ struct Row {
     precision: String,
     steps_per_s: f64,
     ms_per_step: f64,
-    /// Device-to-host reads per training step (the loop's own, counted through `Autocast`).
+    /// Device-to-host reads and syncs per training step, counted through `Autocast` on every
+    /// thread of the step (the recompute helper's too).
     host_reads_per_step: f64,
+    /// The same, on the step's own thread only.
+    host_reads_per_step_on_its_thread: f64,
     /// Throughput relative to the Accelerator at 32-true.
     speed_vs_32_true: f64,
     /// Peak live heap bytes during the timed steps (CPU backends; counting allocator).
@@ -53,8 +58,20 @@ fn batches<B: AutodiffBackend>(
         .collect())
 }
 
-/// One measured run: (timed duration, peak bytes, final loss, host reads in the timed steps).
-type Measured = (Duration, usize, f64, u64);
+/// One measured run: (timed duration, peak bytes, final loss, host reads in the timed steps:
+/// on every thread of the step, on its own thread).
+type Measured = (Duration, usize, f64, (u64, u64));
+
+/// Host reads counted so far: on this thread and its helpers, on this thread alone.
+fn reads_now() -> (u64, u64) {
+    (host_reads_counted(), host_reads_on_this_thread())
+}
+
+/// Host reads since `before` (a [`reads_now`]).
+fn reads_since(before: (u64, u64)) -> (u64, u64) {
+    let now = reads_now();
+    (now.0 - before.0, now.1 - before.1)
+}
 
 fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::Device) -> Measured {
     B::seed(device, 0);
@@ -62,12 +79,12 @@ fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::De
     let mut optim = AdamWConfig::new().init();
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut start = Instant::now();
-    let mut reads = host_reads_counted();
+    let mut reads = reads_now();
     let mut last = None;
     for i in 0..o.warmup + o.steps {
         if i == o.warmup {
             start = start_timing::<B>(device);
-            reads = host_reads_counted();
+            reads = reads_now();
         }
         let batch = &data[i % data.len()];
         let loss = loss_fn.forward(model.forward(batch.images.clone()), batch.labels.clone());
@@ -75,8 +92,10 @@ fn plain<B: AutodiffBackend>(o: &Options, data: &[ImageBatch<B>], device: &B::De
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-3, model, grads);
     }
+    // Counted before the sync that ends the timing (a sync counts as a read).
+    let reads = reads_since(reads);
     B::sync(device).ok();
-    let (elapsed, reads) = (start.elapsed(), host_reads_counted() - reads);
+    let elapsed = start.elapsed();
     (elapsed, alloc::peak(), read_loss(last), reads)
 }
 
@@ -119,12 +138,12 @@ fn accelerated<B: AutodiffBackend>(
     let loss_fn = CrossEntropyLossConfig::new().init(device);
     let mut lr = 1e-3;
     let mut start = Instant::now();
-    let mut reads = host_reads_counted();
+    let mut reads = reads_now();
     let mut last = None;
     for i in 0..o.warmup + o.steps {
         if i == o.warmup {
             start = start_timing::<B>(device);
-            reads = host_reads_counted();
+            reads = reads_now();
         }
         let batch = &data[i % data.len()];
         let logits = acc
@@ -139,14 +158,19 @@ fn accelerated<B: AutodiffBackend>(
         }
         .map_err(|e| e.to_string())?;
     }
+    // Counted before the sync that ends the timing (a sync counts as a read).
+    let reads = reads_since(reads);
     B::sync(device).ok();
-    let (elapsed, reads) = (start.elapsed(), host_reads_counted() - reads);
+    let elapsed = start.elapsed();
     Ok((elapsed, alloc::peak(), read_loss(last), reads))
 }
 
 /// Host reads per step of each scenario (index as in `bench`): a few steps of the same loops
 /// on `Autodiff<Autocast<I>>`, whose reads `Autocast` counts.
-fn reads_per_step<I: Backend>(o: &Options, precisions: &[Scenario]) -> Result<Vec<f64>, String> {
+fn reads_per_step<I: Backend>(
+    o: &Options,
+    precisions: &[Scenario],
+) -> Result<Vec<(f64, f64)>, String> {
     type Counted<I> = Autodiff<Autocast<I>>;
     let device = Default::default();
     let data = batches::<Counted<I>>(o, &device)?;
@@ -155,11 +179,12 @@ fn reads_per_step<I: Backend>(o: &Options, precisions: &[Scenario]) -> Result<Ve
         warmup: 1,
         ..o.clone()
     };
-    let per_step = |m: Measured| m.3 as f64 / short.steps as f64;
+    let steps = short.steps as f64;
+    let per_step = |m: Measured| (m.3.0 as f64 / steps, m.3.1 as f64 / steps);
     let mut reads = vec![per_step(plain::<Counted<I>>(&short, &data, &device))];
     for &setting in precisions {
         let measured = accelerated::<Counted<I>>(&short, setting, &data, &device);
-        reads.push(measured.map_or(f64::NAN, per_step));
+        reads.push(measured.map_or((f64::NAN, f64::NAN), per_step));
     }
     Ok(reads)
 }
@@ -238,7 +263,8 @@ pub fn bench<I: Backend>(o: &Options) -> Result<(), String> {
                 },
                 steps_per_s: rate(m),
                 ms_per_step: 1e3 / rate(m),
-                host_reads_per_step: reads[s],
+                host_reads_per_step: reads[s].0,
+                host_reads_per_step_on_its_thread: reads[s].1,
                 speed_vs_32_true: rate(m) / base,
                 peak_mib: m.1 as f64 / (1024.0 * 1024.0),
                 final_loss: m.2,
@@ -252,19 +278,20 @@ fn write_results(o: &Options, rows: &[Row]) -> Result<(), String> {
     let mut md = format!(
         "ViT (d_model 64, 2 blocks, 16 patches) on 8x8 digits, backend `{}`, batch {}, {} timed steps \
          after {} warm-up, best of {} rounds.\n\n\
-         | scenario | precision | steps/s | ms/step | host reads/step | speed vs Accelerator 32-true | peak MiB | final loss |\n\
+         | scenario | precision | steps/s | ms/step | host reads/step (on its thread) | speed vs Accelerator 32-true | peak MiB | final loss |\n\
          |---|---|---|---|---|---|---|---|\n",
         o.backend, o.batch_size, o.steps, o.warmup, o.rounds
     );
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.2} | {} | {:.3} | {:.1} | {:.4} |",
+            "| {} | {} | {:.2} | {:.2} | {} ({}) | {:.3} | {:.1} | {:.4} |",
             r.scenario,
             r.precision,
             r.steps_per_s,
             r.ms_per_step,
             r.host_reads_per_step,
+            r.host_reads_per_step_on_its_thread,
             r.speed_vs_32_true,
             r.peak_mib,
             r.final_loss

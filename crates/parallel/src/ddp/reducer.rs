@@ -87,14 +87,15 @@ impl<I: Backend> Reducer<I> {
             Condvar::new(),
         ));
         let thread_side = shared.clone();
-        std::thread::Builder::new()
-            .name("afterburner-ddp-reducer".into())
-            .spawn(move || run(&*group, &thread_side))
-            .map_err(|e| ParallelError::Collective {
+        // Its host reads (the ring and MPI engines copy each bucket) count towards the rank's.
+        let builder = std::thread::Builder::new().name("afterburner-ddp-reducer".into());
+        afterburner_precision::spawn_counted(builder, move || run(&*group, &thread_side)).map_err(
+            |e| ParallelError::Collective {
                 op: "ddp",
                 rank: 0,
                 reason: format!("cannot start the gradient reducer thread: {e}"),
-            })?;
+            },
+        )?;
         Ok(Self { shared })
     }
 

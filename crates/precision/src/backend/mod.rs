@@ -181,7 +181,9 @@ impl<B: Backend> Backend for Autocast<B> {
         B::seed(device, seed)
     }
 
+    /// Counted as a host read: the host waits for every queued kernel.
     fn sync(device: &Self::Device) -> Result<(), ExecutionError> {
+        crate::host_reads::add_read();
         B::sync(device)
     }
 
