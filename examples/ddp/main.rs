@@ -79,7 +79,7 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut workers, mut epochs, mut batch_size) = (2, 10, 32);
-    let mut strategy = StrategyConfig::Ddp;
+    let mut strategy = StrategyConfig::Ddp(Default::default());
     let mut mpi = false;
     let (mut local_sgd_steps, mut diloco) = (
         8,

@@ -135,10 +135,12 @@ fn report(outcomes: &[Outcome], seconds: f64, per_strategy: Option<usize>) -> St
          built-in text) for 2 optimizer steps in every combination a user configures and \
          compares the whole model's parameters with the one-device run of the same data at the \
          same precision:\n\n\
-         - **strategy**: single-device, ddp, zero-1, fsdp under each sharding strategy (every \
-         transformer block a unit), tp 2, dp 2 x tp 2 under ddp and under fsdp, local-sgd \
-         K=1 (2 ranks, 4 for dp x tp, in-process);\n\
-         - **micro-batches** per step: 1 (DDP reduces its buckets during backward) or 3;\n\
+         - **strategy**: single-device, ddp (its defaults: one bucket; and in 4 KiB buckets, \
+         several a step, during backward and with `overlap = false`), zero-1, fsdp under each \
+         sharding strategy (every transformer block a unit), tp 2, dp 2 x tp 2 under ddp and \
+         under fsdp, local-sgd K=1 (2 ranks, 4 for dp x tp, in-process);\n\
+         - **micro-batches** per step: 1 (DDP and ZeRO-1 reduce their buckets during \
+         backward) or 3;\n\
          - **normalisation**: `mean` (whole windows, the mean over each micro-batch) or \
          `per-item` (windows cut to 3 to 8 targets and padded; the step's loss summed over \
          every rank's and micro-batch's targets, divided by their number: HF's \

@@ -24,6 +24,12 @@ fn main() {
         Some("engine-all-reduce") => bench::engines::rank(&args[1..]),
         #[cfg(all(feature = "mpi", feature = "flex"))]
         Some("mpi-all-reduce") => bench::mpi::rank(&args[1..]),
+        #[cfg(feature = "flex")]
+        Some("ddp-overlap") => bench::overlap_processes::print(&args[1..]),
+        #[cfg(feature = "flex")]
+        Some("ddp-overlap-rank") => bench::overlap_processes::rank(&args[1..]),
+        #[cfg(all(feature = "mpi", feature = "flex"))]
+        Some("mpi-ddp-overlap-rank") => bench::overlap_processes::mpi_rank(&args[1..]),
         #[cfg(all(feature = "mpi", feature = "flex"))]
         Some("mpi-fsdp-traffic") => bench::traffic::mpi_rank(),
         _ => Err(usage()),
@@ -39,5 +45,10 @@ fn usage() -> String {
     let mut usage = format!("{}\n{}", bench::USAGE, gpu_check::USAGE);
     #[cfg(feature = "flex")]
     usage.push_str(&format!("\n{}", equivalence::USAGE));
+    #[cfg(feature = "flex")]
+    usage.push_str(
+        "\ncargo xtask ddp-overlap [STEPS]: DDP's overlap between 2 processes on the real \
+         engines (ring; MPI with --features mpi)",
+    );
     usage
 }

@@ -306,7 +306,9 @@ fn a_strategy_from_another_crate_trains_through_run_with_like_the_built_in_ddp()
         ..Default::default()
     };
     let mine = two_ranks(config.clone(), MeanPerTensor::new);
-    let ddp_config = config.clone().with_strategy(StrategyConfig::Ddp);
+    let ddp_config = config
+        .clone()
+        .with_strategy(StrategyConfig::Ddp(Default::default()));
     let built = ddp_config.clone();
     let ddp = two_ranks(ddp_config, move |group| {
         afterburner::AnyStrategy::<B>::from_config(&built, group, &Default::default())

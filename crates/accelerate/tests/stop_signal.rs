@@ -99,7 +99,7 @@ fn a_sigterm_stops_after_the_step_saves_and_resumes_exactly() {
     let config = AcceleratorConfig {
         stop_on_signal: true,
         parallelism: afterburner::ParallelismConfig {
-            strategy: StrategyConfig::Ddp,
+            strategy: StrategyConfig::Ddp(Default::default()),
             devices: 2,
             ..Default::default()
         },

@@ -395,7 +395,7 @@ fn ddp_trainer_evaluates_every_item_once() {
     let args = TrainingArguments {
         max_steps: 3,
         parallelism: afterburner::ParallelismConfig {
-            strategy: StrategyConfig::Ddp,
+            strategy: StrategyConfig::Ddp(Default::default()),
             devices: 2,
             ..small_args("ddp").parallelism
         },

@@ -189,7 +189,7 @@ fn two_ranks_equal_the_full_batch(batch: usize, micro_batches: usize) {
     let full = one_step(args(16, 1, LossNormalization::PerItem));
     let ddp = TrainingArguments {
         parallelism: afterburner::ParallelismConfig {
-            strategy: StrategyConfig::Ddp,
+            strategy: StrategyConfig::Ddp(Default::default()),
             devices: 2,
             ..args(batch, micro_batches, LossNormalization::PerItem).parallelism
         },

@@ -62,6 +62,25 @@ fn train(args: TrainingArguments) -> Vec<(u64, Option<(ShardingStrategy, usize)>
     .unwrap()
 }
 
+/// Trains `args` on its devices; returns each rank's (gradient all-reduces, whether the
+/// strategy reduced during backward).
+fn reductions(args: TrainingArguments) -> Vec<(u64, bool)> {
+    let _rng = rng_lock();
+    let model = vit(5);
+    let config = args.accelerator_config();
+    Accelerator::<B>::run(config, move |acc| {
+        let (train, eval) = data();
+        let mut t = Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER)?;
+        t.train()?;
+        let acc = t.accelerator();
+        Ok((
+            acc.gradient_all_reduces(),
+            acc.strategy().reduces_in_backward(),
+        ))
+    })
+    .unwrap()
+}
+
 fn toml_file(name: &str, text: &str) -> String {
     let dir = common::scratch_dir(&format!("trainer-strategies-toml-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -157,6 +176,42 @@ fn local_sgd_steps_and_fsdp_options_reach_the_strategy() {
 }
 
 #[test]
+fn ddp_bucket_cap_mb_and_overlap_from_toml_and_the_command_line_shape_the_reduction() {
+    // The defaults: one 25 MiB bucket a step, reduced during backward (one micro-batch).
+    for strategy in ["ddp", "zero-1"] {
+        let args = defaults(strategy)
+            .with_args(["--max-steps", "2", "--strategy", strategy], &[])
+            .unwrap()
+            .0;
+        for (rank, (all_reduces, during)) in reductions(args).into_iter().enumerate() {
+            assert_eq!((all_reduces, during), (2, true), "{strategy} rank {rank}");
+        }
+    }
+    // 4 KiB buckets (the ViT's gradients take several) after backward.
+    let file = toml_file(
+        "ddp",
+        "max_steps = 2\n[strategy.ddp]\nbucket_cap_mb = 0.004\n",
+    );
+    let args = defaults("ddp-buckets")
+        .with_args(["--config", file.as_str(), "--ddp.overlap", "false"], &[])
+        .unwrap()
+        .0;
+    assert!(
+        matches!(&args.parallelism.strategy, StrategyConfig::Ddp(d) if d.bucket_cap_mb == 0.004 && !d.overlap)
+    );
+    for (rank, (all_reduces, during)) in reductions(args).into_iter().enumerate() {
+        assert!(
+            !during,
+            "rank {rank}: overlap = false reduces after backward"
+        );
+        assert!(
+            all_reduces > 2 && all_reduces % 2 == 0,
+            "rank {rank}: several buckets in each of 2 steps: {all_reduces}"
+        );
+    }
+}
+
+#[test]
 fn strategy_options_on_the_command_line_are_checked_by_name() {
     let parse = |args: &[&str]| {
         defaults("bad")
@@ -174,8 +229,15 @@ fn strategy_options_on_the_command_line_are_checked_by_name() {
         err.contains("but the strategy is ddp (give --strategy diloco)"),
         "{err}"
     );
-    let err = parse(&["--ddp.bucket", "7"]);
-    assert!(err.contains("ddp takes none"), "{err}");
+    let err = parse(&["--strategy", "ddp", "--ddp.bucket", "7"]);
+    assert!(
+        err.contains("--ddp.bucket") && err.contains("bucket-cap-mb"),
+        "{err}"
+    );
+    let err = parse(&["--strategy", "ddp", "--ddp.bucket-cap-mb", "0"]);
+    assert!(err.contains("bucket_cap_mb") && err.contains("0"), "{err}");
+    let err = parse(&["--strategy", "zero-1", "--zero-1.overlap", "maybe"]);
+    assert!(err.contains("overlap"), "{err}");
     let err = parse(&["--strategy", "dilco"]);
     assert!(
         err.contains("--strategy") && err.contains("did you mean diloco"),

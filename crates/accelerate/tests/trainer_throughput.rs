@@ -93,7 +93,7 @@ fn across_ranks_rates_add_up_and_tflops_average() {
         eval_strategy: IntervalStrategy::No,
         save_strategy: IntervalStrategy::No,
         parallelism: afterburner::ParallelismConfig {
-            strategy: StrategyConfig::Ddp,
+            strategy: StrategyConfig::Ddp(Default::default()),
             devices: 2,
             ..Default::default()
         },

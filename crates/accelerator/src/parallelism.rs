@@ -96,7 +96,11 @@ impl ParallelismConfig {
                     self.devices
                 ),
             )),
-            tp if !matches!(self.strategy, StrategyConfig::Ddp | StrategyConfig::Fsdp(_)) => {
+            tp if !matches!(
+                self.strategy,
+                StrategyConfig::Ddp(_) | StrategyConfig::Fsdp(_)
+            ) =>
+            {
                 Err(AccelerateError::invalid(
                     "tp_size",
                     tp,
@@ -121,7 +125,7 @@ mod tests {
     fn the_degrees_multiply_to_the_devices() {
         let mesh = ParallelismConfig {
             tp_size: 2,
-            ..ParallelismConfig::new(StrategyConfig::Ddp, 6)
+            ..ParallelismConfig::new(StrategyConfig::Ddp(Default::default()), 6)
         };
         mesh.validate().unwrap();
         assert!(mesh.is_tensor_parallel());

@@ -206,7 +206,7 @@ fn sharding_covers_every_item_once_plus_padding_across_ranks() {
     let config = AcceleratorConfig {
         seed: 5,
         parallelism: afterburner_accelerator::ParallelismConfig {
-            strategy: StrategyConfig::Ddp,
+            strategy: StrategyConfig::Ddp(Default::default()),
             ..Default::default()
         },
         ..Default::default()

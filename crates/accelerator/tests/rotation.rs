@@ -179,7 +179,7 @@ fn sharded_checkpoints_rotate_and_load() {
     let initial = vit(5);
     let sharded = AcceleratorConfig {
         parallelism: afterburner_accelerator::ParallelismConfig {
-            strategy: StrategyConfig::Zero1,
+            strategy: StrategyConfig::Zero1(Default::default()),
             devices: 2,
             ..config(&root, 1).parallelism
         },

@@ -92,7 +92,7 @@ fn a_sharded_save_deletes_only_rank_states_it_wrote() {
     std::fs::write(dir.join("rank-notes").join("todo.txt"), "keep").unwrap();
     let config = AcceleratorConfig {
         parallelism: afterburner_accelerator::ParallelismConfig {
-            strategy: StrategyConfig::Zero1,
+            strategy: StrategyConfig::Zero1(Default::default()),
             devices: 2,
             ..Default::default()
         },

@@ -62,7 +62,7 @@ fn config(devices: usize, tp_size: usize) -> AcceleratorConfig {
         parallelism: afterburner::ParallelismConfig {
             strategy: match devices {
                 1 => StrategyConfig::SingleDevice,
-                _ => StrategyConfig::Ddp,
+                _ => StrategyConfig::Ddp(Default::default()),
             },
             devices,
             tp_size,
@@ -168,7 +168,7 @@ fn a_model_without_its_plan_applied_is_a_named_error() {
         odd.contains("tp_size") && odd.contains("a divisor of devices (4)"),
         "{odd}"
     );
-    let zero = config(4, 2).with_strategy(StrategyConfig::Zero1);
+    let zero = config(4, 2).with_strategy(StrategyConfig::Zero1(Default::default()));
     let zero = zero.validate().unwrap_err().to_string();
     assert!(
         zero.contains("tp_size") && zero.contains("\"fsdp\""),

@@ -72,7 +72,7 @@ pub use afterburner_collectives::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 pub use afterburner_collectives::{LoopbackRun, run_on_loopback};
 #[cfg(feature = "testing")]
 pub use afterburner_collectives::{forwarding, launch_through_host};
-pub use ddp::{DEFAULT_BUCKET_CAP_MB, Ddp, broadcast_from_rank0};
+pub use ddp::{DEFAULT_BUCKET_CAP_MB, Ddp, DdpConfig, broadcast_from_rank0};
 pub use fsdp::{AutoWrapPolicy, Fsdp, FsdpConfig, ShardLayout, ShardingStrategy, StateDictType};
 pub use heal::{donate_live_state, receive_live_state};
 pub use optimizer_state::average_optimizer_state;

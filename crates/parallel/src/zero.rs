@@ -3,15 +3,15 @@
 
 use std::marker::PhantomData;
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer};
-use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Tensor};
 
 use crate::ddp::{Flatten, Unflatten};
 use crate::{
-    Ddp, OptimizerRecord, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp, StateLayout,
-    StateSaving, param_positions,
+    Ddp, ForwardView, OptimizerRecord, ParallelError, ParallelStrategy, ProcessGroup, ReduceOp,
+    StateLayout, StateSaving, param_positions,
 };
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -152,8 +152,14 @@ pub struct Zero1<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
 impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Zero1<B, G> {
     /// ZeRO-1 over `group`.
     pub fn new(group: G) -> Self {
+        Self::from_ddp(Ddp::new(group))
+    }
+
+    /// ZeRO-1 over `ddp`, which reduces the gradients as it is set up (its buckets; during
+    /// backward under [`Ddp::with_overlap`], the forward pass on this strategy's view).
+    pub fn from_ddp(ddp: Ddp<B, G>) -> Self {
         Self {
-            ddp: Ddp::new(group),
+            ddp,
             sharding: None,
         }
     }
@@ -180,6 +186,28 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> ParallelStrategy<B> for Zero
 
     fn setup<M: AutodiffModule<B>>(&self, model: M) -> Result<M, ParallelError> {
         self.ddp.setup(model)
+    }
+
+    /// DDP's (its hooked view under overlap).
+    fn forward_view<M: Module<B>>(
+        &self,
+        model: &M,
+        compute: Option<DType>,
+    ) -> Result<Option<ForwardView<B, M>>, ParallelError> {
+        self.ddp.forward_view(model, compute)
+    }
+
+    /// DDP's (the view's gradients added to the parameters').
+    fn after_backward<M: AutodiffModule<B>>(
+        &self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<(), ParallelError> {
+        self.ddp.after_backward(model, grads)
+    }
+
+    fn reduces_in_backward(&self) -> bool {
+        self.ddp.reduces_in_backward()
     }
 
     fn reduce_gradients<M: AutodiffModule<B>>(

@@ -409,6 +409,7 @@ fn with_engines_and_overlap(rows: Vec<Row>, len: usize, o: &Options) -> Result<V
     let measured = [
         super::engines::rows(len, o.quick)?,
         super::overlap::rows(o.steps.max(3), o.warmup.max(1))?,
+        super::overlap_processes::rows(o.steps.max(5), o.warmup.max(2))?,
     ];
     for (scenario, value, unit) in measured.into_iter().flatten() {
         rows.push(row(&scenario, value, unit));

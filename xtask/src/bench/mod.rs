@@ -44,6 +44,8 @@ mod localsgd;
 pub mod mpi;
 #[cfg(feature = "flex")]
 pub mod overlap;
+#[cfg(feature = "flex")]
+pub mod overlap_processes;
 pub mod perf;
 mod plot;
 mod precision;

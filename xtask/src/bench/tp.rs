@@ -98,7 +98,7 @@ fn tensor_parallel(
     let (model, tokens) = (model.clone(), tokens.clone());
     let config = AcceleratorConfig {
         parallelism: afterburner::ParallelismConfig {
-            strategy: StrategyConfig::Ddp,
+            strategy: StrategyConfig::Ddp(Default::default()),
             tp_size: RANKS,
             devices: RANKS,
         },

@@ -324,7 +324,7 @@ fn train_tp<B: AutodiffBackend>(
     let config = AcceleratorConfig {
         nonfinite_gradients: NonFinitePolicy::Error,
         parallelism: afterburner::ParallelismConfig {
-            strategy: StrategyConfig::Ddp,
+            strategy: StrategyConfig::Ddp(Default::default()),
             tp_size: devices,
             ..Default::default()
         },

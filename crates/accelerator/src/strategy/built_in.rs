@@ -6,7 +6,7 @@
 
 use afterburner_localsgd::{DiLoCo, DiLoCoConfig, LocalSgd, LocalSgdConfig};
 use afterburner_parallel::{
-    Ddp, Fsdp, FsdpConfig, ShardingStrategy, SharedGroup, SingleDevice, Zero1,
+    Ddp, DdpConfig, Fsdp, FsdpConfig, ShardingStrategy, SharedGroup, SingleDevice, Zero1,
 };
 use burn::tensor::backend::AutodiffBackend;
 
@@ -19,10 +19,12 @@ built_in_strategies! {
     SingleDevice = "single-device" | "single_device" | "single" => SingleDevice;
     /// Distributed data parallel: a whole replica per device, gradients all-reduced (mean)
     /// once per optimizer step, rank 0's parameters broadcast at setup.
-    Ddp = "ddp" => Ddp<B, SharedGroup<Group<B>>>;
+    /// Options: `bucket_cap_mb`, `overlap` ([`DdpConfig`]).
+    Ddp(DdpConfig) = "ddp" => Ddp<B, SharedGroup<Group<B>>>;
     /// ZeRO stage 1: DDP, and each rank keeps optimizer state only for the parameters it
     /// owns (about 1 / world size of them); owners share new values after each step.
-    Zero1 = "zero-1" | "zero1" | "zero_1" => Zero1<B, SharedGroup<Group<B>>>;
+    /// Options: DDP's ([`DdpConfig`]).
+    Zero1(DdpConfig) = "zero-1" | "zero1" | "zero_1" => Zero1<B, SharedGroup<Group<B>>>;
     /// Fully sharded data parallel: each rank keeps 1 / world size of every parameter, its
     /// gradient and its optimizer state; units are gathered for each forward pass.
     Fsdp(FsdpConfig) = "fsdp" => Fsdp<B, Group<B>>;
@@ -34,19 +36,20 @@ built_in_strategies! {
     DiLoCo(DiLoCoConfig) = "diloco" => DiLoCo<B, SharedGroup<Group<B>>>;
 }
 
-/// One rank's strategy for `config` over its process `group`; DDP reduces its gradients
-/// during backward when `overlap` (one micro-batch per optimizer step).
+/// One rank's strategy for `config` over its process `group`; DDP (and ZeRO-1) reduces its
+/// gradients during backward when `overlap` (one micro-batch per optimizer step) and its
+/// options allow.
 pub(super) fn build<B: AutodiffBackend, U: NamedStrategy<B>>(
     config: &StrategyConfig,
     group: Group<B>,
     overlap: bool,
 ) -> Result<AnyStrategy<B, U>, AccelerateError> {
-    let ddp = |group| -> Result<_, AccelerateError> {
-        let ddp = Ddp::new(SharedGroup::new(group));
-        Ok(AnyStrategy::Ddp(match overlap {
+    let ddp = |group, options: &DdpConfig| -> Result<_, AccelerateError> {
+        let ddp = Ddp::new(SharedGroup::new(group)).with_bucket_cap_mb(options.bucket_cap_mb)?;
+        Ok(match overlap && options.overlap {
             true => ddp.with_overlap()?,
             false => ddp,
-        }))
+        })
     };
     Ok(match config {
         StrategyConfig::SingleDevice => {
@@ -56,10 +59,10 @@ pub(super) fn build<B: AutodiffBackend, U: NamedStrategy<B>>(
                 "a multi-device strategy for a multi-device run (see --help or docs/parallel.md)",
             ));
         }
-        StrategyConfig::Ddp => ddp(group)?,
-        StrategyConfig::Zero1 => AnyStrategy::Zero1(Zero1::new(SharedGroup::new(group))),
+        StrategyConfig::Ddp(options) => AnyStrategy::Ddp(ddp(group, options)?),
+        StrategyConfig::Zero1(options) => AnyStrategy::Zero1(Zero1::from_ddp(ddp(group, options)?)),
         StrategyConfig::Fsdp(fsdp) if fsdp.sharding_strategy == ShardingStrategy::NoShard => {
-            ddp(group)?
+            AnyStrategy::Ddp(ddp(group, &DdpConfig::default())?)
         }
         StrategyConfig::Fsdp(fsdp) => {
             AnyStrategy::Fsdp(Fsdp::new(SharedGroup::new(group), fsdp.clone())?)
@@ -79,11 +82,10 @@ pub(super) fn build<B: AutodiffBackend, U: NamedStrategy<B>>(
 /// Checks the options of `config`, naming the first bad one.
 pub(super) fn validate(config: &StrategyConfig) -> Result<(), AccelerateError> {
     match config {
-        StrategyConfig::SingleDevice
-        | StrategyConfig::Ddp
-        | StrategyConfig::Zero1
-        | StrategyConfig::Fsdp(_)
-        | StrategyConfig::Registered(_) => Ok(()),
+        StrategyConfig::SingleDevice | StrategyConfig::Fsdp(_) | StrategyConfig::Registered(_) => {
+            Ok(())
+        }
+        StrategyConfig::Ddp(options) | StrategyConfig::Zero1(options) => Ok(options.validate()?),
         StrategyConfig::LocalSgd(local) => Ok(local.validate()?),
         StrategyConfig::DiLoCo(diloco) => Ok(diloco.validate()?),
     }

@@ -246,7 +246,14 @@ mod tests {
         let err = serde_json::from_str::<StrategyConfig>(r#"{"ddp": {"x": 1}}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("ddp takes no options"), "{err}");
+        assert!(
+            err.contains("`x`") && err.contains("bucket_cap_mb"),
+            "{err}"
+        );
+        let err = serde_json::from_str::<StrategyConfig>(r#"{"single-device": {"x": 1}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("single-device takes no options"), "{err}");
         let err = serde_json::from_str::<StrategyConfig>(r#"{"ddp": {}, "fsdp": {}}"#)
             .unwrap_err()
             .to_string();

@@ -62,12 +62,17 @@ impl<B: AutodiffBackend, U: NamedStrategy<B>> AnyStrategy<B, U> {
                 }
                 _ => None,
             };
-            return Ok(Self::TensorParallel(TensorParallelMesh::new(
-                group,
-                config.parallelism.tp_size,
-                device.clone(),
-                fsdp,
-            )?));
+            // The rows' DDP takes `bucket_cap_mb`; it reduces after backward (the mesh has
+            // no hooked view).
+            let bucket_cap_mb = match &config.parallelism.strategy {
+                StrategyConfig::Ddp(ddp) => ddp.bucket_cap_mb,
+                _ => afterburner_parallel::DEFAULT_BUCKET_CAP_MB,
+            };
+            let mesh =
+                TensorParallelMesh::new(group, config.parallelism.tp_size, device.clone(), fsdp)?;
+            return Ok(Self::TensorParallel(
+                mesh.with_bucket_cap_mb(bucket_cap_mb)?,
+            ));
         }
         match (group, &config.parallelism.strategy) {
             (None, StrategyConfig::Registered(registered)) => {

@@ -2,7 +2,7 @@
 //! every case ([`all_cases`]) and of CI's fixed sample ([`sample`]).
 
 use afterburner::localsgd::LocalSgdConfig;
-use afterburner::parallel::{AutoWrapPolicy, FsdpConfig, ShardingStrategy};
+use afterburner::parallel::{AutoWrapPolicy, DdpConfig, FsdpConfig, ShardingStrategy};
 use afterburner::{ParallelismConfig, Precision, StrategyConfig};
 
 /// How the run is spread over devices.
@@ -10,8 +10,13 @@ use afterburner::{ParallelismConfig, Precision, StrategyConfig};
 pub enum Strategy {
     /// One device, no collectives.
     SingleDevice,
-    /// DDP on 2 ranks.
+    /// DDP on 2 ranks (its defaults: one bucket, reduced during backward at one micro-batch
+    /// per step).
     Ddp,
+    /// DDP on 2 ranks in buckets of [`SMALL_BUCKET_MB`] (several a step), during backward.
+    DdpBuckets,
+    /// DDP on 2 ranks in buckets of [`SMALL_BUCKET_MB`], after backward (`overlap = false`).
+    DdpAfterBackward,
     /// ZeRO-1 on 2 ranks.
     Zero1,
     /// FSDP on 2 ranks, every transformer block a unit, under a sharding strategy.
@@ -26,11 +31,17 @@ pub enum Strategy {
     LocalSgd,
 }
 
+/// The bucket size of the DDP cases with several buckets: 4 KiB (the demo transformer's
+/// gradients take several).
+pub const SMALL_BUCKET_MB: f64 = 0.004;
+
 impl Strategy {
     /// Every value, in the table's order.
-    pub const ALL: [Strategy; 10] = [
+    pub const ALL: [Strategy; 12] = [
         Strategy::SingleDevice,
         Strategy::Ddp,
+        Strategy::DdpBuckets,
+        Strategy::DdpAfterBackward,
         Strategy::Zero1,
         Strategy::Fsdp(ShardingStrategy::Full),
         Strategy::Fsdp(ShardingStrategy::GradOp),
@@ -76,8 +87,18 @@ impl Strategy {
         };
         let strategy = match self {
             Strategy::SingleDevice => StrategyConfig::SingleDevice,
-            Strategy::Ddp | Strategy::Tp2 | Strategy::Dp2Tp2Ddp => StrategyConfig::Ddp,
-            Strategy::Zero1 => StrategyConfig::Zero1,
+            Strategy::Ddp | Strategy::Tp2 | Strategy::Dp2Tp2Ddp => {
+                StrategyConfig::Ddp(Default::default())
+            }
+            Strategy::DdpBuckets => StrategyConfig::Ddp(DdpConfig {
+                bucket_cap_mb: SMALL_BUCKET_MB,
+                overlap: true,
+            }),
+            Strategy::DdpAfterBackward => StrategyConfig::Ddp(DdpConfig {
+                bucket_cap_mb: SMALL_BUCKET_MB,
+                overlap: false,
+            }),
+            Strategy::Zero1 => StrategyConfig::Zero1(Default::default()),
             Strategy::Fsdp(sharding) => fsdp(sharding),
             Strategy::Dp2Tp2Fsdp => fsdp(ShardingStrategy::Full),
             Strategy::LocalSgd => StrategyConfig::LocalSgd(LocalSgdConfig {
@@ -98,6 +119,8 @@ impl std::fmt::Display for Strategy {
         match self {
             Strategy::SingleDevice => write!(f, "single-device"),
             Strategy::Ddp => write!(f, "ddp"),
+            Strategy::DdpBuckets => write!(f, "ddp 4 KiB buckets"),
+            Strategy::DdpAfterBackward => write!(f, "ddp 4 KiB buckets after backward"),
             Strategy::Zero1 => write!(f, "zero-1"),
             Strategy::Fsdp(sharding) => write!(f, "fsdp {sharding}"),
             Strategy::Tp2 => write!(f, "tp 2"),

@@ -9,11 +9,21 @@
 //! with its input as the block input ([`afterburner_checkpoint::block_input`]), and the hook
 //! takes that input as a second parent (which gets no gradient from it). Its depth is then
 //! the input's plus one: below every op of the block, above every op before it, so it runs
-//! right after the block's backward, once the block's gradients are complete. A parameter
-//! read outside such a block hooks at depth 1 (it is reduced at the end).
+//! right after the block's backward, once the block's gradients are complete.
+//!
+//! A parameter read outside such a block (any module of Burn's own: `Linear`, a
+//! `TransformerEncoder`) has no input at hand: its hook takes as second parent an anchor of
+//! the depth the forward pass has reached, at most the autodiff nodes made since the view was
+//! (Burn numbers them in order; an op's depth is at most its number). The hook then sits at
+//! or above the ops that read the parameter's input, so it runs once every op reading the
+//! parameter has given its gradient and before the ops that came before: the gradients reach
+//! the thread in the order backward completes them, as PyTorch's hooks do. The anchors are
+//! untracked nodes of a [`Ladder`], one per depth, made once (no device work): they take no
+//! gradient and cost the graph nothing.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -24,23 +34,84 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{DType, FloatDType, Shape, Tensor, TensorPrimitive};
 
 use super::reducer::Reducer;
 use crate::fsdp::gather::{Tracked, downcast};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
+/// The deepest anchor a [`Ladder`] makes: a hook deeper than this runs at this depth (later
+/// than it could, never wrongly).
+const DEEPEST: usize = 1 << 14;
+
+/// Untracked autodiff nodes of depth 1, 2, ... (each the parent of the next), made as deeper
+/// ones are asked for and kept: a hook's second parent, which sets its depth.
+pub(crate) struct Ladder<I: Backend>(Mutex<Vec<Tracked<I>>>);
+
+impl<I: Backend> Default for Ladder<I> {
+    fn default() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+}
+
+impl<I: Backend> Ladder<I> {
+    /// An anchor of depth `depth` (at most [`DEEPEST`]), on `like`'s device (the anchors share
+    /// one value of one element, never read).
+    fn at(&self, depth: usize, like: &Tracked<I>) -> Tracked<I> {
+        let mut rungs = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let depth = depth.clamp(1, DEEPEST);
+        while rungs.len() < depth {
+            let next = match rungs.last() {
+                Some(below) => deeper(below),
+                None => {
+                    let device = I::float_device(&like.primitive);
+                    let value = I::float_zeros(Shape::new([1]), &device, FloatDType::F32);
+                    deeper(&Tracked::<I>::new(value))
+                }
+            };
+            rungs.push(next);
+        }
+        rungs[depth - 1].clone()
+    }
+}
+
+/// An untracked node one deeper than `below` (the same value: no device work).
+fn deeper<I: Backend>(below: &Tracked<I>) -> Tracked<I> {
+    RungNode
+        .prepare::<NoCheckpointing>([below.node.clone()])
+        .compute_bound()
+        .stateless(below.primitive.clone())
+}
+
+/// A ladder rung's backward node (never run: a rung takes no gradient).
+#[derive(Debug)]
+struct RungNode;
+
+impl<I: Backend> Backward<I, 1> for RungNode {
+    type State = ();
+
+    fn backward(self, _: Ops<(), 1>, _: &mut Gradients, _: &mut Checkpointer) {}
+}
+
+/// Autodiff nodes made so far in this process (Burn numbers them in order).
+fn nodes_made() -> u64 {
+    NodeId::new().value
+}
+
 /// `model` with every float parameter behind a hook of pass `pass`, cast to `compute` when
-/// given.
+/// given; hooks outside a `Checkpointed` block are placed by `ladder`'s anchors.
 pub(crate) fn hooked_view<B: AutodiffBackend, M: Module<B>>(
     model: &M,
     reducer: &Arc<Reducer<Inner<B>>>,
+    ladder: &Arc<Ladder<Inner<B>>>,
     pass: u64,
     compute: Option<DType>,
 ) -> M {
     struct Hooks<'a, I: Backend> {
         reducer: &'a Arc<Reducer<I>>,
+        ladder: &'a Arc<Ladder<I>>,
+        start: u64,
         pass: u64,
         index: usize,
         compute: Option<DType>,
@@ -52,11 +123,15 @@ pub(crate) fn hooked_view<B: AutodiffBackend, M: Module<B>>(
             self.index += 1;
             let (device, require_grad) = (value.device(), value.is_require_grad());
             let shape: Shape = value.shape();
-            let reducer = self.reducer.clone();
+            let (reducer, ladder, start) = (self.reducer.clone(), self.ladder.clone(), self.start);
             Param::uninitialized(
                 id,
                 move |_, _| {
-                    let hooked = hook(value.clone(), index, &reducer, pass);
+                    let place = Place {
+                        ladder: &ladder,
+                        start,
+                    };
+                    let hooked = hook(value.clone(), index, &reducer, pass, place);
                     match compute {
                         Some(dtype) if hooked.dtype() != dtype => hooked.cast(dtype),
                         _ => hooked,
@@ -70,10 +145,19 @@ pub(crate) fn hooked_view<B: AutodiffBackend, M: Module<B>>(
     }
     model.clone().map(&mut Hooks {
         reducer,
+        ladder,
+        start: nodes_made(),
         pass,
         index: 0,
         compute,
     })
+}
+
+/// Where a hook outside a `Checkpointed` block goes: `ladder`'s anchor as deep as the nodes
+/// made since `start` (the view's making).
+struct Place<'a, I: Backend> {
+    ladder: &'a Ladder<I>,
+    start: u64,
 }
 
 /// `value` behind a hook for parameter `index` (unchanged where `B` is not Burn's autodiff or
@@ -83,6 +167,7 @@ fn hook<B: AutodiffBackend, const D: usize>(
     index: usize,
     reducer: &Arc<Reducer<Inner<B>>>,
     pass: u64,
+    place: Place<'_, Inner<B>>,
 ) -> Tensor<B, D> {
     if !value.is_require_grad() {
         return value;
@@ -96,27 +181,26 @@ fn hook<B: AutodiffBackend, const D: usize>(
         pass,
         index,
     };
-    let anchor =
-        afterburner_checkpoint::block_input::<B>().and_then(downcast::<_, Tracked<Inner<B>>>);
+    let anchor = afterburner_checkpoint::block_input::<B>()
+        .and_then(downcast::<_, Tracked<Inner<B>>>)
+        .unwrap_or_else(|| {
+            let depth = nodes_made().saturating_sub(place.start);
+            place
+                .ladder
+                .at(usize::try_from(depth).unwrap_or(DEEPEST), &param)
+        });
     let inner = param.primitive.clone();
-    let out = match anchor {
-        Some(anchor) => finish(
-            HookNode::<2>.prepare::<NoCheckpointing>([param.node.clone(), anchor.node.clone()]),
-            state,
-            inner,
-        ),
-        None => finish(
-            HookNode::<1>.prepare::<NoCheckpointing>([param.node.clone()]),
-            state,
-            inner,
-        ),
-    };
+    let out = finish(
+        HookNode.prepare::<NoCheckpointing>([param.node.clone(), anchor.node.clone()]),
+        state,
+        inner,
+    );
     let out = downcast::<_, FloatTensor<B>>(out).expect("B is Burn's Autodiff (checked above)");
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
-fn finish<I: Backend, const N: usize>(
-    prep: burn::backend::autodiff::ops::OpsPrep<HookNode<N>, I, HookState<I>, NoCheckpointing, N>,
+fn finish<I: Backend>(
+    prep: burn::backend::autodiff::ops::OpsPrep<HookNode, I, HookState<I>, NoCheckpointing, 2>,
     state: HookState<I>,
     inner: FloatTensor<I>,
 ) -> Tracked<I> {
@@ -126,10 +210,9 @@ fn finish<I: Backend, const N: usize>(
     }
 }
 
-/// The hook's backward node (`N` parents: the parameter, and the block input when there is
-/// one).
+/// The hook's backward node (2 parents: the parameter, and the block input or an anchor).
 #[derive(Debug)]
-struct HookNode<const N: usize>;
+struct HookNode;
 
 struct HookState<I: Backend> {
     reducer: Arc<Reducer<I>>,
@@ -156,10 +239,10 @@ impl<I: Backend> std::fmt::Debug for HookState<I> {
     }
 }
 
-impl<I: Backend, const N: usize> Backward<I, N> for HookNode<N> {
+impl<I: Backend> Backward<I, 2> for HookNode {
     type State = HookState<I>;
 
-    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<I>(&ops.node);
         let Some(param) = &ops.parents[0] else {
             return; // the parameter takes no gradient

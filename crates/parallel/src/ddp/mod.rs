@@ -2,12 +2,14 @@
 //! across ranks once per optimizer step, so every rank takes the same step.
 
 mod buckets;
+mod config;
 mod hook;
 mod reducer;
 #[cfg(test)]
 mod tests;
 
 pub use buckets::DEFAULT_BUCKET_CAP_MB;
+pub use config::DdpConfig;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +46,8 @@ pub struct Ddp<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> {
     bucket_cap_mb: f64,
     /// The communication thread, when gradients are reduced during backward.
     reducer: Option<Arc<Reducer<Inner<B>>>>,
+    /// The anchors that place the hooks of parameters outside `Checkpointed` blocks.
+    ladder: Arc<hook::Ladder<Inner<B>>>,
     /// What the thread reduced during the last backward, until the step takes it.
     reduced: Mutex<Option<Reduced<Inner<B>>>>,
     /// The last backward also reached parameters outside the view (the model used beside
@@ -63,6 +67,7 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
             overlapped: 0,
             bucket_cap_mb: DEFAULT_BUCKET_CAP_MB,
             reducer: None,
+            ladder: Arc::default(),
             reduced: Mutex::new(None),
             outside_view: AtomicBool::new(false),
             said_outside: AtomicBool::new(false),
@@ -75,9 +80,9 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
     /// of the group. The forward pass must run on [`view`](Self::view) (the Accelerator's
     /// `forward` does), and each backward pass must end an optimizer step's gradients: with
     /// gradient accumulation, run the micro-batches before the last on the model itself
-    /// (PyTorch's `no_sync`). Gradients reach a bucket early when the model's blocks are
-    /// [`Checkpointed`](afterburner_checkpoint::Checkpointed) (under any checkpointing
-    /// policy, `none` included); elsewhere at the end of backward. The result is bitwise
+    /// (PyTorch's `no_sync`). Each parameter's gradient reaches its bucket as soon as
+    /// backward has completed it, in any model (Burn's own layers or
+    /// [`Checkpointed`](afterburner_checkpoint::Checkpointed) blocks). The result is bitwise
     /// the reduction after backward's.
     pub fn with_overlap(mut self) -> Result<Self, ParallelError>
     where
@@ -100,7 +105,13 @@ impl<B: AutodiffBackend, G: ProcessGroup<Inner<B>>> Ddp<B, G> {
         let mut lens = ParamLens(Vec::new());
         model.visit(&mut lens);
         let pass = reducer.begin(lens.0, self.bucket_cap_mb);
-        Some(hook::hooked_view(model, reducer, pass, compute))
+        Some(hook::hooked_view(
+            model,
+            reducer,
+            &self.ladder,
+            pass,
+            compute,
+        ))
     }
 
     /// After a backward pass on [`view`](Self::view), with this rank's new gradients of

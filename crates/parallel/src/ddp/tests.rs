@@ -1,10 +1,12 @@
 //! DDP's overlap: gradients reach the thread block by block during backward, and the step's
 //! result is bitwise the reduction after backward's.
 
-use afterburner_checkpoint::Checkpointed;
+use std::sync::{Arc, Mutex};
+
+use afterburner_checkpoint::{CheckpointPolicy, Checkpointed, with_policy};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
@@ -72,6 +74,59 @@ fn gradients_reach_the_thread_block_by_block_during_backward() {
         "the last block's gradients first, the first block's last: {:?}",
         orders[0]
     );
+}
+
+/// Burn's own layers after a parameter-free checkpointed probe, which backward recomputes
+/// once it reaches the start of the model.
+#[derive(Module, Debug)]
+struct ProbeThenLayers<B: Backend> {
+    probe: Checkpointed<B, Relu>,
+    layers: Vec<Linear<B>>,
+}
+
+#[test]
+fn a_model_of_burns_own_layers_hands_its_gradients_over_during_backward() {
+    let seen =
+        launch::<Flex, _, String, _>(vec![Default::default()], LaunchConfig::default(), |group| {
+            let device = Default::default();
+            afterburner_checkpoint::enable::<B>();
+            let ddp = Ddp::<B, _>::new(crate::SharedGroup::new(group));
+            let ddp = ddp.with_overlap().map_err(|e| e.to_string())?;
+            let model = ProbeThenLayers {
+                probe: Checkpointed::new(Relu::new()),
+                layers: (0..3)
+                    .map(|_| LinearConfig::new(8, 8).init(&device))
+                    .collect(),
+            };
+            let view = ddp.view(&model, None).ok_or("no view")?;
+            let reducer = ddp.reducer.clone().ok_or("no reducer")?;
+            // Gradients at the thread when the probe runs: in the forward pass, and when
+            // backward recomputes it (after every layer's backward).
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let x = Tensor::<B, 2>::random([4, 8], Distribution::Default, &device)
+                .require_grad()
+                .mul_scalar(2.0)
+                .add_scalar(1.0);
+            let out = with_policy(CheckpointPolicy::All, || {
+                let seen = seen.clone();
+                let mut x = view.probe.forward(x, move |relu: &Relu, x: Tensor<B, 2>| {
+                    seen.lock().unwrap().push(reducer.arrived().len());
+                    relu.forward(x)
+                });
+                for layer in &view.layers {
+                    x = layer.forward(x).tanh();
+                }
+                x
+            });
+            out.sum().backward();
+            ddp.finish_backward().map_err(|e| e.to_string())?;
+            let seen = seen.lock().unwrap().clone();
+            Ok(seen)
+        })
+        .unwrap();
+    // The 3 layers' weights and biases, all handed over before backward reached the probe
+    // (hooks at the end of backward would give [0, 0]).
+    assert_eq!(seen[0], vec![0, 6]);
 }
 
 #[test]

@@ -105,6 +105,16 @@ where
     pub fn tensor_parallel(&self) -> &TensorParallel<SubGroup<Inner<B>, G>> {
         &self.tp
     }
+
+    /// This mesh with the DDP across its rows in gradient buckets of at most `cap_mb` MiB
+    /// ([`Ddp::with_bucket_cap_mb`]; FSDP rows and a single row have no buckets).
+    pub fn with_bucket_cap_mb(mut self, cap_mb: f64) -> Result<Self, ParallelError> {
+        self.data = match std::mem::replace(&mut self.data, DataParallel::One) {
+            DataParallel::Ddp(ddp) => DataParallel::Ddp(ddp.with_bucket_cap_mb(cap_mb)?),
+            other => other,
+        };
+        Ok(self)
+    }
 }
 
 impl<B, G> ParallelStrategy<B> for TensorParallelMesh<B, G>
