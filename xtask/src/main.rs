@@ -25,6 +25,8 @@ fn main() {
         #[cfg(all(feature = "mpi", feature = "flex"))]
         Some("mpi-all-reduce") => bench::mpi::rank(&args[1..]),
         #[cfg(feature = "flex")]
+        Some("ring-vs-mpi") => bench::engines::print(&args[1..]),
+        #[cfg(feature = "flex")]
         Some("ddp-overlap") => bench::overlap_processes::print(&args[1..]),
         #[cfg(feature = "flex")]
         Some("ddp-overlap-rank") => bench::overlap_processes::rank(&args[1..]),

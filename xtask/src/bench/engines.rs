@@ -194,3 +194,33 @@ pub fn rows(len: usize, quick: bool) -> Result<Vec<(String, f64, &'static str)>,
     }
     Ok(rows)
 }
+
+/// `xtask ring-vs-mpi [MIB...]`: one all-reduce of each size (default 4, 16, 64 and 100 MiB)
+/// between 2 and 4 processes, over the ring and (feature `mpi`) over Open MPI, side by side.
+pub fn print(args: &[String]) -> Result<(), String> {
+    let sizes: Vec<f64> = match args {
+        [] => vec![4.0, 16.0, 64.0, 100.0],
+        given => given
+            .iter()
+            .map(|a| {
+                a.parse::<f64>()
+                    .map_err(|_| format!("{a}: not a size in MiB"))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    println!("| MiB | processes | ring ms | MPI ms | ring / MPI |\n|---|---|---|---|---|");
+    for mib in sizes {
+        let len = (mib * 262_144.0) as usize;
+        let reps = if mib > 32.0 { 3 } else { 10 };
+        for processes in [2, 4] {
+            let (ring, _) = over_tcp("ring", processes, len, reps)?;
+            let mpi = over_mpi(processes, len, reps)?;
+            let (mpi_ms, ratio) = match mpi {
+                Some(mpi) => (format!("{mpi:.2}"), format!("{:.2}", ring / mpi)),
+                None => ("-".into(), "-".into()),
+            };
+            println!("| {mib} | {processes} | {ring:.2} | {mpi_ms} | {ratio} |");
+        }
+    }
+    Ok(())
+}

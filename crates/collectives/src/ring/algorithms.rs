@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use super::frames::{self, Expected, Link};
+use super::frames::{self, Expected, Landing, Link};
 use super::{Links, Ring};
 use crate::ParallelError;
 
@@ -107,6 +107,17 @@ impl Ring {
     }
 }
 
+/// `values[send]` to read and `values[recv]` to write, two ranges that do not overlap.
+fn disjoint(values: &mut [f32], send: Range<usize>, recv: Range<usize>) -> (&[f32], &mut [f32]) {
+    if send.end <= recv.start {
+        let (low, high) = values.split_at_mut(recv.start);
+        (&low[send], &mut high[..recv.len()])
+    } else {
+        let (low, high) = values.split_at_mut(send.start);
+        (&high[..send.len()], &mut low[recv])
+    }
+}
+
 /// One ring collective in progress on one member.
 struct Pass<'a> {
     me: usize,
@@ -164,38 +175,71 @@ impl Pass<'_> {
         received
     }
 
-    /// Leaves this member's chunk (by position) summed over every member, in the ring's order.
+    /// Sends chunk `send` of `values` as block `sent` to the next member while block
+    /// `received` from the previous one lands in chunk `recv` of `values` piece by piece, as
+    /// it arrives (the two chunks differ in a ring of two or more).
+    fn exchange_chunks(
+        &mut self,
+        values: &mut [f32],
+        (sent, send): (usize, usize),
+        (received, recv): (usize, usize),
+        landing: Landing,
+    ) -> Result<(), ParallelError> {
+        let n = self.n;
+        let (send, recv) = (chunk(values.len(), n, send), chunk(values.len(), n, recv));
+        let (header, expected) = (
+            self.header(sent, None),
+            self.header(received, Some(recv.len())),
+        );
+        let Some((to_next, from_prev, links)) = self.neighbours() else {
+            return Ok(()); // a ring of one has nothing to exchange
+        };
+        let (next, prev) = (&mut links.next, &mut links.prev);
+        let sent_len = send.len();
+        let (out, into) = disjoint(values, send, recv);
+        let (written, received) = std::thread::scope(|scope| {
+            let writer = scope.spawn(move || frames::write_block(next, header, out));
+            let received = frames::read_block_into(prev, expected, from_prev, into, landing);
+            let written = writer.join().unwrap_or_else(|_| {
+                Err(std::io::Error::other("the ring's writer thread panicked"))
+            });
+            (written, received)
+        });
+        written.map_err(|e| frames::broken(e, to_next))?;
+        *self.sent += 4 * sent_len as u64;
+        received
+    }
+
+    /// Leaves this member's chunk (by position) summed over every member, in the ring's order:
+    /// each received partial sum is added to this member's values as it arrives.
     fn reduce_scatter(&mut self, values: &mut [f32]) -> Result<(), ParallelError> {
-        let (n, p, len) = (self.n, self.position, values.len());
+        let (n, p) = (self.n, self.position);
         for step in 0..n.saturating_sub(1) {
             let send = (p + n - step - 1) % n;
             let recv = (p + 2 * n - step - 2) % n;
-            let range = chunk(len, n, recv);
-            let partial = self.exchange(
-                (step * n + send, &values[chunk(len, n, send)]),
-                (step * n + recv, Some(range.len())),
+            // This member's values plus the partial sum so far: the ring's fixed order.
+            self.exchange_chunks(
+                values,
+                (step * n + send, send),
+                (step * n + recv, recv),
+                Landing::Add,
             )?;
-            // The partial sum so far plus this member's values: the ring's fixed order.
-            values[range]
-                .iter_mut()
-                .zip(partial)
-                .for_each(|(v, sum)| *v += sum);
         }
         Ok(())
     }
 
     /// Gives every member every chunk, each member holding its own (by position) at the start.
     fn all_gather_chunks(&mut self, values: &mut [f32]) -> Result<(), ParallelError> {
-        let (n, p, len) = (self.n, self.position, values.len());
+        let (n, p) = (self.n, self.position);
         for step in 0..n.saturating_sub(1) {
             let send = (p + n - step) % n;
             let recv = (p + 2 * n - step - 1) % n;
-            let range = chunk(len, n, recv);
-            let got = self.exchange(
-                (n * n + step * n + send, &values[chunk(len, n, send)]),
-                (n * n + step * n + recv, Some(range.len())),
+            self.exchange_chunks(
+                values,
+                (n * n + step * n + send, send),
+                (n * n + step * n + recv, recv),
+                Landing::Copy,
             )?;
-            values[range].copy_from_slice(&got);
         }
         Ok(())
     }

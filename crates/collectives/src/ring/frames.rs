@@ -102,6 +102,53 @@ pub(crate) fn read_block(
     Ok(values)
 }
 
+/// How a received value lands in its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Landing {
+    /// Replaces the value there.
+    Copy,
+    /// Is added to the value there (`there += received`, the ring's fixed order).
+    Add,
+}
+
+/// Reads one frame of `into.len()` values, checked against `expected`, straight into `into`
+/// piece by piece as it arrives: each piece is summed or copied while the next one is still
+/// on its way (the receive and the sum overlap), with no buffer of the whole block.
+pub(crate) fn read_block_into(
+    reader: &mut impl Read,
+    expected: Expected,
+    link: Link,
+    into: &mut [f32],
+    landing: Landing,
+) -> Result<(), ParallelError> {
+    let count = read_header(reader, expected, link)?;
+    if count != into.len() as u64 {
+        let Expected { op, index, .. } = expected;
+        return Err(ParallelError::Mismatch {
+            rank: link.me,
+            reason: format!(
+                "replica {} sent {count} values for block {index} of ring collective {op}, {} \
+                 expected (the members called it with different lengths)",
+                link.from,
+                into.len()
+            ),
+        });
+    }
+    let mut raw = vec![0u8; 4 * PIECE.min(into.len())];
+    for piece in into.chunks_mut(PIECE) {
+        let bytes = &mut raw[..4 * piece.len()];
+        reader.read_exact(bytes).map_err(|e| broken(e, link))?;
+        let received = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        match landing {
+            Landing::Copy => piece.iter_mut().zip(received).for_each(|(v, r)| *v = r),
+            Landing::Add => piece.iter_mut().zip(received).for_each(|(v, r)| *v += r),
+        }
+    }
+    Ok(())
+}
+
 /// The error of a link that failed while reading from or writing to `link.from`.
 pub(crate) fn broken(error: io::Error, link: Link) -> ParallelError {
     let Link { me, from, timeout } = link;

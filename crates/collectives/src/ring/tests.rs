@@ -60,8 +60,11 @@ fn on_ring<T: Send>(n: usize, timeout: Duration, work: impl Fn(usize, Ring) -> T
 
 #[test]
 fn all_reduce_is_the_fixed_order_sum_bitwise_and_sends_2_n_minus_1_over_n() {
-    for n in 1..=4 {
-        let len = 12 * 1000;
+    // One piece per chunk, and chunks of several pieces (each summed as it arrives).
+    for (n, len) in (1..=4)
+        .map(|n| (n, 12 * 1000))
+        .chain([(2, 400_002), (3, 400_002)])
+    {
         let all: Vec<Vec<f32>> = (0..n).map(|r| values(r, len)).collect();
         let expected = fixed_order_sum(&all);
         let results = on_ring(n, Duration::from_secs(10), |r, mut ring| {
@@ -81,6 +84,18 @@ fn all_reduce_is_the_fixed_order_sum_bitwise_and_sends_2_n_minus_1_over_n() {
                 "n = {n}"
             );
         }
+    }
+}
+
+#[test]
+fn members_that_all_reduce_different_lengths_get_a_named_error() {
+    let results = on_ring(2, Duration::from_secs(10), |r, mut ring| {
+        ring.all_reduce(values(r, [8, 12][r]), false)
+            .unwrap_err()
+            .to_string()
+    });
+    for (r, err) in results.iter().enumerate() {
+        assert!(err.contains("different lengths"), "member {r}: {err}");
     }
 }
 
