@@ -44,6 +44,12 @@ pub trait Coordinator: Send + Sync {
     fn local_ip(&self) -> IpAddr {
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     }
+    /// Why the lighthouse is gone, when it is known to be (its connection closed: the process
+    /// serving it exited or was killed); `None` while it may be there. Cheap (no round trip):
+    /// a group whose values bypass the lighthouse asks before each collective.
+    fn lost(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Coordinator for Lighthouse {

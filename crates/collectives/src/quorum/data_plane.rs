@@ -115,6 +115,18 @@ impl Handle {
         if !together {
             return self.committed(plane, op, values);
         }
+        // The values bypass the lighthouse: without this look, ranks whose lighthouse died
+        // (node 0's launcher) would train on unsupervised until they next needed it.
+        if let Some(reason) = self.coordinator.lost() {
+            let error = ParallelError::Collective {
+                op: "collective",
+                rank: self.session.replica,
+                reason: format!("{reason}; the ranks fail together, so this one stops too"),
+            };
+            plane.replace_ring(None);
+            plane.sticky = Some(error.clone());
+            return Err(error);
+        }
         let result = (|| {
             if plane.ring.is_none() {
                 let reply = self.begin(op, values.as_deref(), true)?;

@@ -162,6 +162,30 @@ impl TcpCoordinator {
 }
 
 impl Coordinator for TcpCoordinator {
+    /// A look at the connection without waiting: closed by the lighthouse's side (the end of
+    /// the stream) or broken is lost; nothing to read is alive. Skipped while a request holds
+    /// the connection (it would see a loss itself).
+    fn lost(&self) -> Option<String> {
+        let stream = self.stream.try_lock().ok()?;
+        stream.set_nonblocking(true).ok()?;
+        let mut byte = [0u8; 1];
+        let looked = stream.peek(&mut byte);
+        let _ = stream.set_nonblocking(false);
+        let address = stream
+            .peer_addr()
+            .map_or_else(|_| "its address".to_string(), |a| a.to_string());
+        match looked {
+            Ok(0) => Some(format!(
+                "the lighthouse at {address} closed the connection (the process serving it, \
+                 node 0's launcher under `afterburner launch`, exited or was killed)"
+            )),
+            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Some(format!(
+                "the connection to the lighthouse at {address} failed: {e}"
+            )),
+            _ => None,
+        }
+    }
+
     fn collective(
         &self,
         _session: &Session,
