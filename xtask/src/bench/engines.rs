@@ -67,51 +67,64 @@ fn over_mpi(_: usize, _: usize, _: usize) -> Result<Option<f64>, String> {
     Ok(None)
 }
 
-/// Serves a lighthouse and starts `processes` ranks of this binary on it.
-fn over_tcp(engine: &str, processes: usize, len: usize, reps: usize) -> Result<(f64, f64), String> {
+/// Serves a lighthouse for `processes` ranks and runs each as this binary with the arguments
+/// `args(address, rank)`; returns rank 0's standard output (an error names a failed rank).
+pub(super) fn ranks_of_this_binary(
+    processes: usize,
+    args: impl Fn(&str, usize) -> Vec<String>,
+) -> Result<String, String> {
     let config = QuorumConfig::new(processes)
         .with_min_replicas(processes)
         .with_timeout(Duration::from_secs(120));
     let server = LighthouseServer::bind("127.0.0.1:0", config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let (address, len_s, reps_s) = (
-        server.address().to_string(),
-        len.to_string(),
-        reps.to_string(),
-    );
+    let address = server.address().to_string();
     let ranks: Vec<_> = (0..processes)
         .map(|rank| {
-            let rank_s = rank.to_string();
-            let args = [
-                "engine-all-reduce",
-                engine,
-                &address,
-                &rank_s,
-                &len_s,
-                &reps_s,
-            ];
             Command::new(&exe)
-                .args(args)
+                .args(args(&address, rank))
                 .stdout(Stdio::piped())
                 .spawn()
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
-    let mut report = None;
+    let mut first = String::new();
     for (rank, child) in ranks.into_iter().enumerate() {
         let output = child.wait_with_output().map_err(|e| e.to_string())?;
         if !output.status.success() {
-            return Err(format!("{engine} rank {rank} of {processes} failed"));
+            return Err(format!("rank {rank} of {processes} failed"));
         }
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        if let Some(line) = text.lines().find_map(|l| l.strip_prefix(MARK)) {
-            let mut words = line.split_whitespace().map(|w| w.parse::<f64>());
-            if let (Some(Ok(ns)), Some(Ok(bytes))) = (words.next(), words.next()) {
-                report = Some((ns / 1e6, bytes));
-            }
+        if rank == 0 {
+            first = String::from_utf8_lossy(&output.stdout).into_owned();
         }
     }
-    report.ok_or_else(|| format!("no {MARK} line from {engine} rank 0"))
+    Ok(first)
+}
+
+/// `processes` ranks of this binary timing `engine`'s all-reduce: (ms, value bytes per rank).
+fn over_tcp(engine: &str, processes: usize, len: usize, reps: usize) -> Result<(f64, f64), String> {
+    let output = ranks_of_this_binary(processes, |address, rank| {
+        [
+            "engine-all-reduce",
+            engine,
+            address,
+            &rank.to_string(),
+            &len.to_string(),
+            &reps.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    })
+    .map_err(|e| format!("{engine}: {e}"))?;
+    let line = output.lines().find_map(|l| l.strip_prefix(MARK));
+    let mut words = line.into_iter().flat_map(|l| l.split_whitespace());
+    match (words.next(), words.next()) {
+        (Some(ns), Some(bytes)) => match (ns.parse::<f64>(), bytes.parse::<f64>()) {
+            (Ok(ns), Ok(bytes)) => Ok((ns / 1e6, bytes)),
+            _ => Err(format!("{engine}: an unreadable {MARK} line")),
+        },
+        _ => Err(format!("no {MARK} line from {engine} rank 0")),
+    }
 }
 
 /// The rank side: `ENGINE ADDRESS RANK LEN REPS`, a group failing together (as `afterburner

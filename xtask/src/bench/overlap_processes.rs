@@ -7,13 +7,10 @@
 //! `xtask ddp-overlap-rank ENGINE ADDRESS RANK MODEL MODE STEPS WARMUP` (ring) and
 //! `xtask mpi-ddp-overlap-rank MODEL MODE STEPS WARMUP` (under `mpirun`) are the rank side.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use afterburner::checkpoint::Checkpointed;
-use afterburner::parallel::{
-    Ddp, LighthouseServer, ProcessGroup, QuorumConfig, ReduceOp, SharedGroup, connect_tcp,
-};
+use afterburner::parallel::{Ddp, ProcessGroup, ReduceOp, SharedGroup, connect_tcp};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Linear, LinearConfig};
@@ -255,43 +252,21 @@ fn over_ring(
     steps: usize,
     warmup: usize,
 ) -> Result<(Duration, Duration), String> {
-    let processes = 2;
-    let config = QuorumConfig::new(processes)
-        .with_min_replicas(processes)
-        .with_timeout(Duration::from_secs(120));
-    let server = LighthouseServer::bind("127.0.0.1:0", config).map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let address = server.address().to_string();
-    let ranks: Vec<_> = (0..processes)
-        .map(|rank| {
-            let args = [
-                "ddp-overlap-rank".to_string(),
-                address.clone(),
-                rank.to_string(),
-                model.to_string(),
-                mode.name().to_string(),
-                steps.to_string(),
-                warmup.to_string(),
-            ];
-            Command::new(&exe)
-                .args(args)
-                .stdout(Stdio::piped())
-                .spawn()
-                .map_err(|e| e.to_string())
-        })
-        .collect::<Result<_, _>>()?;
-    let mut report = None;
-    for (rank, child) in ranks.into_iter().enumerate() {
-        let output = child.wait_with_output().map_err(|e| e.to_string())?;
-        if !output.status.success() {
-            return Err(format!(
-                "ring rank {rank} ({model}, {}) failed",
-                mode.name()
-            ));
-        }
-        report = report.or_else(|| parse(&String::from_utf8_lossy(&output.stdout)));
-    }
-    report.ok_or_else(|| format!("no {MARK} line from ring rank 0"))
+    let output = super::engines::ranks_of_this_binary(2, |address, rank| {
+        [
+            "ddp-overlap-rank",
+            address,
+            &rank.to_string(),
+            model,
+            mode.name(),
+            &steps.to_string(),
+            &warmup.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    })
+    .map_err(|e| format!("ring ({model}, {}): {e}", mode.name()))?;
+    parse(&output).ok_or_else(|| format!("no {MARK} line from ring rank 0"))
 }
 
 /// 2 MPI ranks of this binary under `mpirun` (feature `mpi`); `None` without it.
