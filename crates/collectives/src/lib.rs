@@ -66,6 +66,7 @@ pub use mpi::{LOOPBACK_MPIRUN_FLAGS, MpiGroup, launch_mpi};
 #[cfg(feature = "testing")]
 pub use quorum::{FailAndRestart, ReplicaRun, fail_and_restart};
 pub use quorum::{LocalReplicas, Quorum, QuorumGroup, connect_tcp, connect_tcp_with_token};
+pub use ring::LINK_RATE_VAR;
 pub use shared::SharedGroup;
 pub use slow_link::SlowLink;
 pub use votes::{

@@ -57,12 +57,13 @@ mod zero;
 // `afterburner_parallel::ProcessGroup` and `afterburner::parallel::Lighthouse` stay where
 // users found them.
 pub use afterburner_collectives::{
-    Ballot, Counted, Declaration, Departure, LaunchConfig, Launched, LaunchedGroup, Lighthouse,
-    LighthouseServer, LocalGroup, LocalReplicas, MeshGroups, ParallelError, ProcessGroup, Quorum,
-    QuorumConfig, QuorumGroup, ReduceOp, RendezvousError, RestartPolicy, SharedGroup, SlowLink,
-    SubGroup, Traffic, all_gather_by_broadcasts, barrier_by_all_reduce, broadcast_text,
-    broadcast_text_from, connect_tcp, connect_tcp_with_token, launch, launched, local_devices,
-    mesh_groups, ranks_voting_yes, reduce_scatter_by_all_reduce, same_on_every_rank, vote,
+    Ballot, Counted, Declaration, Departure, LINK_RATE_VAR, LaunchConfig, Launched, LaunchedGroup,
+    Lighthouse, LighthouseServer, LocalGroup, LocalReplicas, MeshGroups, ParallelError,
+    ProcessGroup, Quorum, QuorumConfig, QuorumGroup, ReduceOp, RendezvousError, RestartPolicy,
+    SharedGroup, SlowLink, SubGroup, Traffic, all_gather_by_broadcasts, barrier_by_all_reduce,
+    broadcast_text, broadcast_text_from, connect_tcp, connect_tcp_with_token, launch, launched,
+    local_devices, mesh_groups, ranks_voting_yes, reduce_scatter_by_all_reduce, same_on_every_rank,
+    vote,
 };
 #[cfg(feature = "testing")]
 pub use afterburner_collectives::{FailAndRestart, ReplicaRun, fail_and_restart};

@@ -68,9 +68,11 @@ fn over_mpi(_: usize, _: usize, _: usize) -> Result<Option<f64>, String> {
 }
 
 /// Serves a lighthouse for `processes` ranks and runs each as this binary with the arguments
-/// `args(address, rank)`; returns rank 0's standard output (an error names a failed rank).
+/// `args(address, rank)` and `env` added to its environment; returns rank 0's standard output
+/// (an error names a failed rank).
 pub(super) fn ranks_of_this_binary(
     processes: usize,
+    env: &[(&str, String)],
     args: impl Fn(&str, usize) -> Vec<String>,
 ) -> Result<String, String> {
     let config = QuorumConfig::new(processes)
@@ -83,6 +85,7 @@ pub(super) fn ranks_of_this_binary(
         .map(|rank| {
             Command::new(&exe)
                 .args(args(&address, rank))
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .stdout(Stdio::piped())
                 .spawn()
                 .map_err(|e| e.to_string())
@@ -103,7 +106,7 @@ pub(super) fn ranks_of_this_binary(
 
 /// `processes` ranks of this binary timing `engine`'s all-reduce: (ms, value bytes per rank).
 fn over_tcp(engine: &str, processes: usize, len: usize, reps: usize) -> Result<(f64, f64), String> {
-    let output = ranks_of_this_binary(processes, |address, rank| {
+    let output = ranks_of_this_binary(processes, &[], |address, rank| {
         [
             "engine-all-reduce",
             engine,

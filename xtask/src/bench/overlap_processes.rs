@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use afterburner::checkpoint::Checkpointed;
-use afterburner::parallel::{Ddp, ProcessGroup, ReduceOp, SharedGroup, connect_tcp};
+use afterburner::parallel::{Ddp, LINK_RATE_VAR, ProcessGroup, ReduceOp, SharedGroup, connect_tcp};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Linear, LinearConfig};
@@ -26,6 +26,8 @@ const WIDTH: usize = 512;
 const ROWS: usize = 128;
 /// One bucket per block (each block's weights are 1 MiB).
 const BUCKET_CAP_MB: f64 = 1.0;
+/// The paced link's rate, MB/s.
+const PACED_MBPS: f64 = 400.0;
 /// What rank 0 prints: the median step and the median all-reduce of the step's gradients, in
 /// nanoseconds.
 const MARK: &str = "DDP_OVERLAP_NS";
@@ -245,14 +247,20 @@ fn parse(output: &str) -> Option<(Duration, Duration)> {
     ))
 }
 
-/// 2 ring ranks of this binary on a lighthouse of this process.
+/// 2 ring ranks of this binary on a lighthouse of this process, their link paced to `mbps`
+/// MB/s when given.
 fn over_ring(
     model: &str,
     mode: Mode,
     steps: usize,
     warmup: usize,
+    mbps: Option<f64>,
 ) -> Result<(Duration, Duration), String> {
-    let output = super::engines::ranks_of_this_binary(2, |address, rank| {
+    let env: Vec<(&str, String)> = mbps
+        .map(|rate| (LINK_RATE_VAR, rate.to_string()))
+        .into_iter()
+        .collect();
+    let output = super::engines::ranks_of_this_binary(2, &env, |address, rank| {
         [
             "ddp-overlap-rank",
             address,
@@ -300,7 +308,9 @@ fn over_mpi(_: &str, _: Mode, _: usize, _: usize) -> Result<Option<(Duration, Du
 pub fn rows(steps: usize, warmup: usize) -> Result<Vec<(String, f64, &'static str)>, String> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut rows = Vec::new();
-    for engine in ["ring", "MPI"] {
+    // The ring as is (loopback: the link costs CPU only), over a link paced to 400 MB/s (each
+    // rank's 8 MiB a step then take about as long as the backward pass), and Open MPI.
+    for engine in ["ring", "ring over a link paced to 400 MB/s", "MPI"] {
         for (model, about) in [
             ("wrapped", "8 Checkpointed 512x512 blocks"),
             ("plain", "8 plain Burn Linear 512x512 layers"),
@@ -309,8 +319,9 @@ pub fn rows(steps: usize, warmup: usize) -> Result<Vec<(String, f64, &'static st
             let mut communication = Duration::ZERO;
             for mode in Mode::ALL {
                 let measured = match engine {
-                    "ring" => Some(over_ring(model, mode, steps, warmup)?),
-                    _ => over_mpi(model, mode, steps, warmup)?,
+                    "ring" => Some(over_ring(model, mode, steps, warmup, None)?),
+                    "MPI" => over_mpi(model, mode, steps, warmup)?,
+                    _ => Some(over_ring(model, mode, steps, warmup, Some(PACED_MBPS))?),
                 };
                 let Some((time, all_reduce)) = measured else {
                     break;

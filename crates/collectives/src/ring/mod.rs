@@ -21,6 +21,7 @@
 mod algorithms;
 mod endpoint;
 mod frames;
+mod paced;
 
 use std::collections::BTreeMap;
 use std::io::BufReader;
@@ -28,12 +29,13 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 pub(crate) use endpoint::Endpoint;
+pub use paced::LINK_RATE_VAR;
 
 use crate::ParallelError;
 
 /// The links of a ring of two members or more.
 struct Links {
-    next: TcpStream,
+    next: paced::Paced,
     prev: BufReader<TcpStream>,
     next_replica: usize,
     prev_replica: usize,
@@ -145,7 +147,7 @@ impl Ring {
             set.map_err(|e| fail(format!("cannot set the ring's timeout: {e}")))?;
         }
         Ok(Links {
-            next,
+            next: paced::Paced::new(next, paced::link_rate()),
             prev: BufReader::with_capacity(1 << 20, prev),
             next_replica,
             prev_replica,
