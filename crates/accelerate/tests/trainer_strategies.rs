@@ -42,9 +42,12 @@ fn defaults(name: &str) -> TrainingArguments {
     }
 }
 
-/// Trains `args` with the Trainer on its devices; returns each rank's parameter syncs and
-/// whether (and how) it ran FSDP.
-fn train(args: TrainingArguments) -> Vec<(u64, Option<(ShardingStrategy, usize)>)> {
+/// Trains `args` with the Trainer on its devices; returns what `read` reads of each rank's
+/// Accelerator after training.
+fn train_then<R: Send + 'static>(
+    args: TrainingArguments,
+    read: fn(&Accelerator<B>) -> R,
+) -> Vec<R> {
     let _rng = rng_lock();
     let model = vit(5);
     let config = args.accelerator_config();
@@ -52,33 +55,31 @@ fn train(args: TrainingArguments) -> Vec<(u64, Option<(ShardingStrategy, usize)>
         let (train, eval) = data();
         let mut t = Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER)?;
         t.train()?;
-        let acc = t.accelerator();
-        let fsdp = acc.fsdp().map(|f| {
-            let units = f.layout().map_or(0, |l| l.unit_paths().len());
-            (f.config().sharding_strategy, units)
-        });
-        Ok((acc.parameter_syncs(), fsdp))
+        Ok(read(t.accelerator()))
     })
     .unwrap()
 }
 
-/// Trains `args` on its devices; returns each rank's (gradient all-reduces, whether the
-/// strategy reduced during backward).
+/// Each rank's parameter syncs and whether (and how) it ran FSDP, after training `args`.
+fn train(args: TrainingArguments) -> Vec<(u64, Option<(ShardingStrategy, usize)>)> {
+    train_then(args, |acc| {
+        let fsdp = acc.fsdp().map(|f| {
+            let units = f.layout().map_or(0, |l| l.unit_paths().len());
+            (f.config().sharding_strategy, units)
+        });
+        (acc.parameter_syncs(), fsdp)
+    })
+}
+
+/// Each rank's (gradient all-reduces, whether the strategy reduced during backward), after
+/// training `args`.
 fn reductions(args: TrainingArguments) -> Vec<(u64, bool)> {
-    let _rng = rng_lock();
-    let model = vit(5);
-    let config = args.accelerator_config();
-    Accelerator::<B>::run(config, move |acc| {
-        let (train, eval) = data();
-        let mut t = Trainer::on(acc, model.clone(), args.clone(), train, eval, BATCHER)?;
-        t.train()?;
-        let acc = t.accelerator();
-        Ok((
+    train_then(args, |acc| {
+        (
             acc.gradient_all_reduces(),
             acc.strategy().reduces_in_backward(),
-        ))
+        )
     })
-    .unwrap()
 }
 
 fn toml_file(name: &str, text: &str) -> String {

@@ -158,7 +158,8 @@ fn run(
 /// The suite's rows (scenario, value, unit).
 pub fn rows(steps: usize, warmup: usize) -> Result<Vec<(String, f64, &'static str)>, String> {
     let m = measure(steps, warmup)?;
-    let what = "DDP overlap (8 checkpointed 512x512 blocks, 2 workers, bucket_cap_mb 1, slow link)";
+    let what = "DDP overlap (8 checkpointed 512x512 blocks, 2 in-process workers, bucket_cap_mb 1, \
+                simulated slow link: a sleep before each collective)";
     let longer = m.compute_ms.max(m.communication_ms);
     Ok(vec![
         (format!("{what}: backward alone"), m.backward_ms, "ms"),

@@ -310,7 +310,11 @@ pub fn rows(steps: usize, warmup: usize) -> Result<Vec<(String, f64, &'static st
     let mut rows = Vec::new();
     // The ring as is (loopback: the link costs CPU only), over a link paced to 400 MB/s (each
     // rank's 8 MiB a step then take about as long as the backward pass), and Open MPI.
-    for engine in ["ring", "ring over a link paced to 400 MB/s", "MPI"] {
+    for engine in [
+        "ring",
+        "ring over an emulated link paced to 400 MB/s",
+        "MPI",
+    ] {
         for (model, about) in [
             ("wrapped", "8 Checkpointed 512x512 blocks"),
             ("plain", "8 plain Burn Linear 512x512 layers"),

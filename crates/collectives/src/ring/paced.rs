@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 pub const LINK_RATE_VAR: &str = "AFTERBURNER_RING_LINK_MBPS";
 
 /// The emulated link's rate in bytes per second, when `AFTERBURNER_RING_LINK_MBPS` holds a
-/// positive number (anything else is said once in the log and ignored).
+/// positive number (anything else is said in the log, at each ring built, and ignored).
 pub(crate) fn link_rate() -> Option<f64> {
     let given = std::env::var(LINK_RATE_VAR).ok()?;
     match given.trim().parse::<f64>() {
